@@ -1,0 +1,1 @@
+"""The compute under test: attention implementations and the Transformer LM built on them."""

@@ -1,0 +1,562 @@
+"""FlashAttention-2 in Triton: forward, and backward as three kernels (D, dK/dV, dQ).
+
+Layout. Every tensor is viewed as (Z, H, N, D) with its own four strides, so 3D and 4D inputs
+and non-contiguous views (a transposed head axis, a slice) are read in place, without a copy.
+One program owns one tile of rows of one (z, h) pair:
+
+  forward   grid (cdiv(n_q, BLOCK_M), Z*H): a query tile loops over key tiles with an online
+            softmax in base 2 (scores scaled by 1/sqrt(d) * log2(e), so exp becomes exp2).
+  dK, dV    grid (cdiv(n_k, BLOCK_N), Z*H): a key tile loops over query tiles.
+  dQ        grid (cdiv(n_q, BLOCK_M), Z*H): a query tile loops over key tiles.
+
+No atomics: each program writes only its own rows. The one tensor saved for backward besides
+the inputs and O is L = logsumexp of the scaled scores (natural log, fp32, shaped q.shape[:-1]).
+
+Causal (query i sees key j <= i, aligned at the top-left): key tiles wholly right of the diagonal
+are never visited, tiles wholly left of it run without any mask, and only the tiles that cross
+the diagonal (or the ragged last tile) pay for the mask. Heavier query tiles are launched first.
+
+Cost per (z, h): forward 4*n_q*n_k*d FLOPs (half when causal) over 2*(n_q + 2*n_k)*d*bytes of
+HBM traffic per query tile pass, i.e. arithmetic intensity ~ BLOCK_M FLOP/byte: compute bound.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+# ----------------------------------------------------------------------------------------------
+# forward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+               offs_m, offs_d, n_k, lo, hi, qk_scale,
+               MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into (acc, l_i, m_i). MASKED tiles check bounds and causality."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        # K^T tile (d, BLOCK_N) and V tile (BLOCK_N, d)
+        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif EVEN_D:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        if MASKED:
+            keep = offs_n[None, :] < n_k
+            if IS_CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)  # rescale of what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, L,
+                stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd,
+                stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_oz, stride_oh, stride_om, stride_od,
+                H, n_q, n_k, qk_scale, seq_bucket,
+                IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                INPUT_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:  # the last query tiles see the most keys: start them first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_zh = tl.program_id(1)
+    z = pid_zh // H
+    h = pid_zh % H
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_ptrs = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh \
+        + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    if EVEN_M & EVEN_D:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh
+    v_base = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # keys [0, n_full) are whole tiles; the ragged last tile is masked
+    n_full = n_k if EVEN_N else (n_k // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        # tiles left of this query tile's first row are fully visible; [start_m, start_m+BLOCK_M) crosses
+        hi_unmasked = tl.minimum(start_m, n_full)
+        hi = tl.minimum(start_m + BLOCK_M, n_k)
+    else:
+        hi_unmasked = n_full
+        hi = n_k
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                               offs_m, offs_d, n_k, 0, hi_unmasked, qk_scale,
+                               False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                               offs_m, offs_d, n_k, hi_unmasked, hi, qk_scale,
+                               True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
+
+    out = acc / l_i[:, None]
+    # L in natural log: (m + log2 l) / log2(e)
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    o_ptrs = O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh \
+        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    l_ptrs = L + pid_zh.to(tl.int64) * n_q + offs_m
+    if EVEN_M & EVEN_D:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+    if EVEN_M:
+        tl.store(l_ptrs, lse)
+    else:
+        tl.store(l_ptrs, lse, mask=offs_m < n_q)
+
+
+# ----------------------------------------------------------------------------------------------
+# backward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess(O, DO, Delta,
+                    stride_oz, stride_oh, stride_om, stride_od,
+                    stride_dz, stride_dh, stride_dm, stride_dd,
+                    H, n_q,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Delta_i = rowsum(O_i * dO_i) in fp32 (equals rowsum(P * dP), used by both gradient kernels)."""
+    pid_m = tl.program_id(0)
+    pid_zh = tl.program_id(1)
+    z = pid_zh // H
+    h = pid_zh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO + z.to(tl.int64) * stride_dz + h.to(tl.int64) * stride_dh
+                 + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
+                    stride_qm, stride_qd, stride_dom, stride_dod,
+                    offs_n, offs_d, n_q, lo, hi, qk_scale,
+                    MASKED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Accumulate query tiles [lo, hi) into this key tile's dK, dV (both (BLOCK_N, d), fp32).
+
+    Works on transposed scores so no tile is transposed in registers:
+      S^T = K Q^T (BLOCK_N, BLOCK_M), P^T = exp2(S^T - L), dV += P^T dO,
+      dP^T = V dO^T, dS^T = P^T * (dP^T - Delta), dK += dS^T Q.
+    """
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + offs_m0
+        qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
+        do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+        if EVEN_M & EVEN_D:
+            qt = tl.load(qt_ptrs)
+            do = tl.load(do_ptrs)
+        else:
+            qt = tl.load(qt_ptrs, mask=(offs_m[None, :] < n_q) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            do = tl.load(do_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if EVEN_M:
+            lse = tl.load(l_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        else:
+            # rows past n_q get L = +inf, so their P is exactly 0
+            lse = tl.load(l_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
+        st = tl.dot(k, qt, input_precision=INPUT_PRECISION) * qk_scale
+        pt = tl.math.exp2(st - (lse * 1.4426950408889634)[None, :])
+        if MASKED:  # causal diagonal: key j is seen by query i only when j <= i
+            pt = tl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dpt = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
+                     stride_qz, stride_qh, stride_qm, stride_qd,
+                     stride_kz, stride_kh, stride_kn, stride_kd,
+                     stride_vz, stride_vh, stride_vn, stride_vd,
+                     stride_doz, stride_doh, stride_dom, stride_dod,
+                     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+                     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+                     H, n_q, n_k, sm_scale, qk_scale, seq_bucket,
+                     IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                     INPUT_PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_zh = tl.program_id(1)
+    z = pid_zh // H
+    h = pid_zh % H
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    k_ptrs = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh \
+        + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh \
+        + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    if EVEN_N & EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+
+    q_base = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh
+    do_base = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh
+    l_base = L + pid_zh.to(tl.int64) * n_q
+    delta_base = Delta + pid_zh.to(tl.int64) * n_q
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if IS_CAUSAL:
+        # queries < start_n see none of these keys; [start_n, start_n+BLOCK_N) cross the diagonal
+        lo_masked = start_n
+        hi_masked = tl.minimum(start_n + BLOCK_N, n_q)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
+                                 stride_qm, stride_qd, stride_dom, stride_dod,
+                                 offs_n, offs_d, n_q, lo_masked, hi_masked, qk_scale,
+                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION)
+        lo = start_n + BLOCK_N
+    else:
+        lo = 0
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
+                             stride_qm, stride_qd, stride_dom, stride_dod,
+                             offs_n, offs_d, n_q, lo, n_q, qk_scale,
+                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION)
+    dk = dk * sm_scale
+
+    dk_ptrs = DK + z.to(tl.int64) * stride_dkz + h.to(tl.int64) * stride_dkh \
+        + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV + z.to(tl.int64) * stride_dvz + h.to(tl.int64) * stride_dvh \
+        + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
+    if EVEN_N & EVEN_D:
+        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+    else:
+        kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
+        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                  offs_m, offs_d, n_k, lo, hi, qk_scale,
+                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into this query tile's dQ: dS = P * (dO V^T - Delta), dQ += dS K."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        vt_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if MASKED:
+            t_mask = (offs_n[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM)
+            kt = tl.load(kt_ptrs, mask=t_mask, other=0.0)
+            vt = tl.load(vt_ptrs, mask=t_mask, other=0.0)
+        elif EVEN_D:
+            kt = tl.load(kt_ptrs)
+            vt = tl.load(vt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            vt = tl.load(vt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASKED:
+            keep = offs_n[None, :] < n_k
+            if IS_CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=INPUT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
+                   stride_qz, stride_qh, stride_qm, stride_qd,
+                   stride_kz, stride_kh, stride_kn, stride_kd,
+                   stride_vz, stride_vh, stride_vn, stride_vd,
+                   stride_doz, stride_doh, stride_dom, stride_dod,
+                   stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+                   H, n_q, n_k, sm_scale, qk_scale, seq_bucket,
+                   IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                   INPUT_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_zh = tl.program_id(1)
+    z = pid_zh // H
+    h = pid_zh % H
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_ptrs = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh \
+        + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    do_ptrs = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh \
+        + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+    if EVEN_M & EVEN_D:
+        q = tl.load(q_ptrs)
+        do = tl.load(do_ptrs)
+    else:
+        row_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
+        q = tl.load(q_ptrs, mask=row_mask, other=0.0)
+        do = tl.load(do_ptrs, mask=row_mask, other=0.0)
+    if EVEN_M:
+        lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m)
+        delta = tl.load(Delta + pid_zh.to(tl.int64) * n_q + offs_m)
+    else:
+        lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
+        delta = tl.load(Delta + pid_zh.to(tl.int64) * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    lse2 = lse * 1.4426950408889634
+    k_base = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh
+    v_base = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_full = n_k if EVEN_N else (n_k // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi_unmasked = tl.minimum(start_m, n_full)
+        hi = tl.minimum(start_m + BLOCK_M, n_k)
+    else:
+        hi_unmasked = n_full
+        hi = n_k
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, n_k, 0, hi_unmasked, qk_scale,
+                       False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, n_k, hi_unmasked, hi, qk_scale,
+                       True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
+    dq = dq * sm_scale
+    dq_ptrs = DQ + z.to(tl.int64) * stride_dqz + h.to(tl.int64) * stride_dqh \
+        + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    if EVEN_M & EVEN_D:
+        tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty))
+    else:
+        tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+# ----------------------------------------------------------------------------------------------
+# tile selection
+# ----------------------------------------------------------------------------------------------
+# Autotuning is keyed on (head dim, causal, sequence-length bucket) and the input dtypes (Triton
+# adds those), so a sweep over sequence lengths tunes once per power-of-two bucket. Each space has
+# at most four configs so a cold cell tunes in seconds. Constraints: BLOCK_M % BLOCK_N == 0 in the
+# query-major kernels and BLOCK_N % BLOCK_M == 0 in dK/dV, so the diagonal tiles line up.
+_EVEN_HEURISTICS = {
+    "EVEN_M": lambda a: a["n_q"] % a["BLOCK_M"] == 0,
+    "EVEN_N": lambda a: a["n_k"] % a["BLOCK_N"] == 0,
+    "EVEN_D": lambda a: a["HEAD_DIM"] == a["BLOCK_D"],
+}
+_KEY = ["HEAD_DIM", "IS_CAUSAL", "seq_bucket", "INPUT_PRECISION"]
+
+
+def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+
+
+FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
+DKDV_CONFIGS = [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(32, 64, 4, 3), _cfg(64, 64, 4, 2)]
+DQ_CONFIGS = [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 32, 4, 3), _cfg(64, 64, 4, 2)]
+
+# Under TRITON_INTERPRET=1 (CPU tensors) autotuning would run every config in the interpreter; one
+# small fixed config keeps CPU tests quick and still exercises ragged tiles and the diagonal logic.
+CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
+
+_fwd = triton.heuristics(_EVEN_HEURISTICS)(_fwd_kernel)
+_dkdv = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dkdv_kernel)
+_dq = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dq_kernel)
+_fwd_tuned = triton.autotune(FWD_CONFIGS, key=_KEY)(_fwd)
+_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=_KEY)(_dkdv)
+_dq_tuned = triton.autotune(DQ_CONFIGS, key=_KEY)(_dq)
+
+
+def _seq_bucket(n: int) -> int:
+    """Power-of-two bucket of a sequence length, clamped to [64, 65536]: the autotune key."""
+    return min(max(triton.next_power_of_2(n), 64), 65536)
+
+
+# ----------------------------------------------------------------------------------------------
+# launchers
+# ----------------------------------------------------------------------------------------------
+def _as_zhnd(x: torch.Tensor) -> torch.Tensor:
+    """View (..., n, d) as (Z, H, n, d) without copying where the strides allow it."""
+    if x.dim() == 2:
+        return x[None, None]
+    if x.dim() == 3:
+        return x[:, None]
+    if x.dim() == 4:
+        return x
+    return x.reshape(-1, 1, x.shape[-2], x.shape[-1])  # copies only if the leading dims can't merge
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., seq, d), got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; FlashAttentionTriton supports fp32, fp16 and bf16")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on leading dims and head dim")
+    d = q.shape[-1]
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"head dim {d} is larger than the supported maximum {MAX_HEAD_DIM}")
+    if k.shape[-2] == 0 and q.shape[-2] > 0:
+        raise ValueError("attention over zero keys is undefined (n_keys == 0)")
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int, int]:
+    return tuple(x.stride())  # type: ignore[return-value]
+
+
+def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
+    if fp32_precision not in ("tf32", "ieee"):
+        raise ValueError(f"fp32_precision must be 'tf32' or 'ieee', got {fp32_precision!r}")
+    return fp32_precision if dtype == torch.float32 else "ieee"
+
+
+def _launch_config(kernel_tuned, kernel_fixed, which: str, device: torch.device):
+    """On GPU, the autotuned kernel; on CPU (the interpreter), a fixed small tile."""
+    if device.type == "cuda":
+        return kernel_tuned, {}
+    bm, bn = CPU_CONFIG[which]
+    return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
+
+
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                            fp32_precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel. Returns (O shaped like q, L shaped q.shape[:-1], fp32)."""
+    _check_inputs(q, k, v)
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4 = _as_zhnd(q), _as_zhnd(k), _as_zhnd(v)
+    # outputs are allocated contiguous in the (Z, H, n, d) view; reshaping back is then a view
+    o4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    out = o4.view(q.shape)
+    if out.numel() == 0:
+        return out, lse
+    Z, H = q4.shape[0], q4.shape[1]
+    sm_scale = 1.0 / math.sqrt(d)
+    block_d = max(16, triton.next_power_of_2(d))
+    kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q.device)
+    grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), Z * H)  # noqa: E731
+    kernel[grid](q4, k4, v4, o4, lse,
+                 *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
+                 H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)),
+                 IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d,
+                 INPUT_PRECISION=_precision(q.dtype, fp32_precision), **fixed)
+    return out, lse
+
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False,
+                             fp32_precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the three backward kernels. Returns (dQ, dK, dV) shaped and typed like q, k, v."""
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4, o4, do4 = (_as_zhnd(t) for t in (q, k, v, out, grad_out.to(q.dtype)))
+    dq4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
+    dk4 = torch.empty(k4.shape, dtype=k.dtype, device=k.device)
+    dv4 = torch.empty(v4.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+    if n_q == 0 or n_k == 0 or q.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    Z, H = q4.shape[0], q4.shape[1]
+    sm_scale = 1.0 / math.sqrt(d)
+    block_d = max(16, triton.next_power_of_2(d))
+    precision = _precision(q.dtype, fp32_precision)
+    bucket = _seq_bucket(max(n_q, n_k))
+
+    delta = torch.empty_like(lse)
+    pre_block = 64
+    _bwd_preprocess[(triton.cdiv(n_q, pre_block), Z * H)](
+        o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
+
+    kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q.device)
+    kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), Z * H)](
+        q4, k4, v4, do4, lse, delta, dk4, dv4,
+        *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
+        H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision, **fixed)
+
+    kernel, fixed = _launch_config(_dq_tuned, _dq, "dq", q.device)
+    kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), Z * H)](
+        q4, k4, v4, do4, lse, delta, dq4,
+        *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dq4),
+        H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision, **fixed)
+    return dq, dk, dv
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 forward and backward in Triton. `.apply(q, k, v, is_causal=False)`.
+
+    fp32 inputs use TF32 tensor-core dot products by default; pass fp32_precision="ieee" as a
+    fifth argument for full-fp32 products.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, fp32_precision="tf32"):
+        out, lse = flash_attention_forward(q, k, v, bool(is_causal), fp32_precision)
+        ctx.save_for_backward(lse, q, k, v, out)
+        ctx.is_causal = bool(is_causal)
+        ctx.fp32_precision = fp32_precision
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lse, q, k, v, out = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.fp32_precision)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                    fp32_precision: str = "tf32") -> torch.Tensor:
+    """Functional form of FlashAttentionTriton."""
+    return FlashAttentionTriton.apply(q, k, v, is_causal, fp32_precision)
