@@ -471,13 +471,22 @@ def _launch_config(kernel_tuned, kernel_fixed, which: str, device: torch.device)
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                            fp32_precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel. Returns (O shaped like q, L shaped q.shape[:-1], fp32)."""
+                            fp32_precision: str = "tf32", out: torch.Tensor | None = None,
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel. Returns (O shaped like q, L shaped q.shape[:-1], fp32).
+
+    `out`, if given, is written in place (it must be contiguous, shaped and typed like q).
+    """
     _check_inputs(q, k, v)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4 = _as_zhnd(q), _as_zhnd(k), _as_zhnd(v)
     # outputs are allocated contiguous in the (Z, H, n, d) view; reshaping back is then a view
-    o4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
+    if out is not None:
+        if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+            raise ValueError("out must be contiguous and shaped and typed like q")
+        o4 = out.view(q4.shape)
+    else:
+        o4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     out = o4.view(q.shape)
     if out.numel() == 0:
@@ -560,3 +569,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
                     fp32_precision: str = "tf32") -> torch.Tensor:
     """Functional form of FlashAttentionTriton."""
     return FlashAttentionTriton.apply(q, k, v, is_causal, fp32_precision)
+
+
+def triton_interpreted() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import time)."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - layout of very old/new Triton
+        return False
+    return isinstance(_fwd_kernel, InterpretedFunction)

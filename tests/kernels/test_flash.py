@@ -1,0 +1,168 @@
+"""FlashAttention-2 (tiled PyTorch and Triton) against naive attention computed in float64."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.attention import naive_attention, naive_logsumexp
+from kernels.flash_pytorch import FlashAttentionPyTorch
+from kernels.flash_triton import FlashAttentionTriton, flash_attention_forward
+
+from tests.conftest import HAS_CUDA
+
+IMPLS = [FlashAttentionPyTorch, FlashAttentionTriton]
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def _inputs(shape_q, shape_k, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape_q, generator=g, dtype=torch.float64) * scale
+    k = torch.randn(shape_k, generator=g, dtype=torch.float64) * scale
+    v = torch.randn(shape_k, generator=g, dtype=torch.float64)
+    do = torch.randn(shape_q, generator=g, dtype=torch.float64)
+    return q, k, v, do
+
+
+def _reference(q, k, v, do, causal):
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    out = naive_attention(qr, kr, vr, causal)
+    out.backward(do)
+    return out.detach(), naive_logsumexp(q, k, causal), qr.grad, kr.grad, vr.grad
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    # the floor keeps an all-zero reference (dQ with a single key) from dividing by zero
+    floor = 1e-3 * ref.numel() ** 0.5
+    return ((x.double().cpu() - ref).norm() / max(ref.norm().item(), floor)).item()
+
+
+def _run(impl, q, k, v, do, causal, dtype, prep=None):
+    qi, ki, vi = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
+    args = [qi, ki, vi]
+    if prep is not None:
+        args = [prep(t) for t in args]
+    out = impl.apply(*args, causal)
+    saved = [t for t in out.grad_fn.saved_tensors if t.shape == q.shape[:-1]]
+    out.backward(do.to(DEVICE, dtype))
+    return out.detach(), saved, qi.grad, ki.grad, vi.grad
+
+
+def _check(impl, shape_q, shape_k, causal, dtype, scale=1.0, prep=None):
+    q, k, v, do = _inputs(shape_q, shape_k, scale)
+    ref_o, ref_l, ref_dq, ref_dk, ref_dv = _reference(q, k, v, do, causal)
+    out, saved, dq, dk, dv = _run(impl, q, k, v, do, causal, dtype, prep)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert len(saved) == 1, "exactly one saved tensor must be shaped q.shape[:-1] (the logsumexp L)"
+    tol = TOL[dtype]
+    assert _rel_err(out, ref_o) < tol
+    assert (saved[0].double().cpu() - ref_l).abs().max().item() < tol * max(1.0, scale**2)
+    for name, g, ref in (("dq", dq, ref_dq), ("dk", dk, ref_dk), ("dv", dv, ref_dv)):
+        assert g.shape == ref.shape, name
+        assert torch.isfinite(g).all(), name
+        assert _rel_err(g, ref) < tol * 2, name
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k", [(1, 1), (17, 17), (100, 100), (129, 129), (33, 100), (100, 33)])
+def test_odd_lengths_fp32(impl, causal, n_q, n_k):
+    _check(impl, (2, n_q, 32), (2, n_k, 32), causal, torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("d", [16, 24, 32, 64])
+def test_head_dims(impl, d):
+    _check(impl, (1, 2, 40, d), (1, 2, 40, d), True, torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp16(impl, causal):
+    _check(impl, (2, 2, 65, 32), (2, 2, 65, 32), causal, torch.float16)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
+def test_non_contiguous_4d(impl):
+    # (b, s, h, d) storage read as (b, h, s, d): a transposed, non-contiguous view
+    prep = lambda t: t.transpose(1, 2)  # noqa: E731
+    q, k, v, do = _inputs((2, 3, 37, 32), (2, 3, 37, 32))
+    ref = _reference(q, k, v, do, True)
+    qi, ki, vi = (t.transpose(1, 2).contiguous().to(DEVICE, torch.float32).requires_grad_() for t in (q, k, v))
+    args = [prep(t) for t in (qi, ki, vi)]
+    assert not args[0].is_contiguous()
+    out = impl.apply(*args, True)
+    out.backward(do.to(DEVICE, torch.float32))
+    assert _rel_err(out.detach(), ref[0]) < 2e-4
+    assert _rel_err(qi.grad.transpose(1, 2), ref[2]) < 4e-4
+    assert _rel_err(ki.grad.transpose(1, 2), ref[3]) < 4e-4
+    assert _rel_err(vi.grad.transpose(1, 2), ref[4]) < 4e-4
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
+def test_five_dims_and_2d(impl):
+    _check(impl, (2, 2, 2, 19, 16), (2, 2, 2, 23, 16), False, torch.float32)
+    _check(impl, (21, 16), (21, 16), True, torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
+def test_large_magnitude_is_stable(impl):
+    # scores of order 1e3: a softmax without the running max would overflow exp()
+    _check(impl, (1, 50, 32), (1, 50, 32), True, torch.float32, scale=8.0)
+
+
+def test_causal_row_sees_only_its_prefix():
+    # changing key j > i must not change output row i
+    q, k, v, _ = _inputs((1, 20, 16), (1, 20, 16))
+    a = FlashAttentionTriton.apply(q.float().to(DEVICE), k.float().to(DEVICE), v.float().to(DEVICE), True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 10:] += 5.0
+    v2[:, 10:] -= 3.0
+    b = FlashAttentionTriton.apply(q.float().to(DEVICE), k2.float().to(DEVICE), v2.float().to(DEVICE), True)
+    assert torch.equal(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("bad,msg", [
+    (lambda q, k, v: (q, k[..., :8], v[..., :8]), "head dim"),
+    (lambda q, k, v: (q, k, v[:, :5]), "same shape"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), "dtype"),
+    (lambda q, k, v: (q, k.half(), v), "share a dtype"),
+    (lambda q, k, v: (q[0], k, v), "leading dims"),
+])
+def test_bad_inputs_are_named(bad, msg):
+    q, k, v = (torch.randn(2, 10, 16, device=DEVICE) for _ in range(3))
+    with pytest.raises((ValueError, TypeError), match=msg):
+        FlashAttentionTriton.apply(*bad(q, k, v), False)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: bf16, long sequences, unwritten elements
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 4, 4097, 64), (1, 2, 1000, 128), (3, 17, 16), (1, 1, 300, 256)])
+def test_gpu_matrix(causal, dtype, shape):
+    _check(FlashAttentionTriton, shape, shape, causal, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_long_bf16(causal):
+    _check(FlashAttentionTriton, (1, 2, 16384, 64), (1, 2, 16384, 64), causal, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_unequal_lengths_bf16():
+    _check(FlashAttentionTriton, (2, 2, 1000, 64), (2, 2, 4097, 64), True, torch.bfloat16)
+    _check(FlashAttentionTriton, (2, 2, 4097, 128), (2, 2, 1000, 128), True, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 127, 4097])
+def test_gpu_every_output_element_written(n):
+    q, k, v = (torch.randn(2, 3, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    flash_attention_forward(q, k, v, True, out=out)
+    assert torch.isfinite(out).all()

@@ -1,0 +1,209 @@
+"""Measurement harness: timers, peak memory, OOM classification and the environment fingerprint.
+
+Rules (DESIGN.md "Measuring"): warm up first, synchronise at the timing boundaries (CUDA events
+on GPU, a monotonic clock on CPU), repeat, report the median with p20/p80 and the sample count.
+torch is imported inside the functions so that the torch-free parts of the worker stay light.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Timing:
+    """Summary of repeated timings, milliseconds."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    samples: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float]) -> "Timing":
+        if not samples_ms:
+            raise ValueError("no timing samples")
+        xs = sorted(samples_ms)
+        return cls(
+            median_ms=statistics.median(xs),
+            p20_ms=quantile(xs, 0.2),
+            p80_ms=quantile(xs, 0.8),
+            mean_ms=statistics.fmean(xs),
+            std_ms=statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+            min_ms=xs[0],
+            samples=len(xs),
+        )
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
+
+
+def quantile(sorted_xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted list."""
+    if len(sorted_xs) == 1:
+        return sorted_xs[0]
+    pos = q * (len(sorted_xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+class _L2Flusher:
+    """Writes a buffer larger than the L2 between CUDA samples so each starts cold, as do_bench does."""
+
+    def __init__(self, device):
+        import torch
+
+        self.buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
+            setup: Callable[[], Any] | None = None, flush_l2: bool = True) -> Timing:
+    """Time `fn` `repeats` times after `warmup` untimed calls. `setup` runs before each call, untimed."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    import torch
+
+    is_cuda = str(device).startswith("cuda")
+    for _ in range(max(warmup, 0)):
+        if setup is not None:
+            setup()
+        fn()
+    if is_cuda:
+        torch.cuda.synchronize()
+        flush = _L2Flusher(device) if flush_l2 else None
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        for i in range(repeats):
+            if setup is not None:
+                setup()
+            if flush is not None:
+                flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        samples = []
+        for _ in range(repeats):
+            if setup is not None:
+                setup()
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+    return Timing.from_samples(samples)
+
+
+def reset_peak_memory(device: str) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_bytes(device: str) -> int | None:
+    """Peak allocated bytes since the last reset (CUDA); None on CPU, where torch does not track it."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated())
+    return None
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for an out-of-memory error from torch (CUDA or CPU allocator) or Python's MemoryError."""
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when a GPU is present, else 'cpu'."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SkipCell("device cuda was asked for but no GPU is visible")
+    return device
+
+
+class SkipCell(Exception):
+    """Raised by a suite when a cell's configuration is unsupported; the job is recorded as `skipped`."""
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def fingerprint(commit: str | None = None) -> dict[str, Any]:
+    """Where a number was measured: host, GPU, driver, CUDA, torch, triton, Python, git commit.
+
+    `commit` is used when git cannot tell (a GPU host that got a copy of the tree without .git).
+    """
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu_name, gpu_count, cuda = None, 0, torch.version.cuda
+    if torch.cuda.is_available():
+        gpu_count = torch.cuda.device_count()
+        gpu_name = torch.cuda.get_device_name(0)
+    return {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "gpu_name": gpu_name,
+        "gpu_count": gpu_count,
+        "driver": _driver_version() if gpu_count else None,
+        "cuda": cuda,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": sys.version.split()[0],
+        "git_commit": git_commit() or commit,
+    }

@@ -1,0 +1,26 @@
+"""Field types shared by the suites' parameter models (torch-free)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Positive = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[int, Field(ge=0)]
+Dtype = Literal["fp32", "fp16", "bf16"]
+Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto: cuda when present, else cpu")]
+
+
+class SuiteParams(BaseModel):
+    """Base of every suite's params: unknown names are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[name])
