@@ -382,7 +382,8 @@ def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
 # ----------------------------------------------------------------------------------------------
 # Autotuning is keyed on (head dim, causal, sequence-length bucket) and the input dtypes (Triton
 # adds those), so a sweep over sequence lengths tunes once per power-of-two bucket. Each space has
-# at most four configs so a cold cell tunes in seconds. Constraints: BLOCK_M % BLOCK_N == 0 in the
+# at most six configs (fewer after pruning those that overflow shared memory) so a cold cell
+# tunes in seconds. Constraints: BLOCK_M % BLOCK_N == 0 in the
 # query-major kernels and BLOCK_N % BLOCK_M == 0 in dK/dV, so the diagonal tiles line up.
 _EVEN_HEURISTICS = {
     "EVEN_M": lambda a: a["n_q"] % a["BLOCK_M"] == 0,
@@ -396,9 +397,40 @@ def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
-FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
-DKDV_CONFIGS = [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(32, 64, 4, 3), _cfg(64, 64, 4, 2)]
-DQ_CONFIGS = [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 32, 4, 3), _cfg(64, 64, 4, 2)]
+FWD_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 2)]
+DKDV_CONFIGS = [_cfg(32, 128, 4, 3), _cfg(32, 128, 4, 5), _cfg(64, 128, 8, 3), _cfg(32, 64, 4, 3),
+                _cfg(64, 64, 4, 2), _cfg(16, 64, 4, 2)]
+DQ_CONFIGS = [_cfg(128, 32, 4, 3), _cfg(128, 32, 4, 5), _cfg(128, 64, 8, 3), _cfg(64, 32, 4, 3),
+              _cfg(64, 64, 4, 2), _cfg(64, 16, 4, 2)]
+
+SMEM_BUDGET = 200 * 1024  # bytes; the H100/H200 give a block up to 227 KiB of shared memory
+
+
+def _smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> int:
+    """Shared memory a config stages: the resident tile plus `num_stages` copies of the streamed pair.
+
+    fwd / dq keep a (BLOCK_M, d) query tile (dq also dO) and stream K, V tiles (BLOCK_N, d);
+    dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d).
+    """
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    d = max(16, triton.next_power_of_2(head_dim))
+    if kernel == "dkdv":
+        resident, streamed = 2 * bn * d, 2 * bm * d
+    else:
+        resident, streamed = (1 if kernel == "fwd" else 2) * bm * d, 2 * bn * d
+    return (resident + cfg.num_stages * streamed) * elem
+
+
+def _pruner(kernel: str):
+    def prune(configs, named_args, **kwargs):
+        head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        elem = named_args["Q"].element_size()
+        fit = [c for c in configs if _smem_estimate(c, head_dim, elem, kernel) <= SMEM_BUDGET]
+        if fit:
+            return fit
+        return [min(configs, key=lambda c: _smem_estimate(c, head_dim, elem, kernel))]
+    return prune
+
 
 # Under TRITON_INTERPRET=1 (CPU tensors) autotuning would run every config in the interpreter; one
 # small fixed config keeps CPU tests quick and still exercises ragged tiles and the diagonal logic.
@@ -407,9 +439,9 @@ CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
 _fwd = triton.heuristics(_EVEN_HEURISTICS)(_fwd_kernel)
 _dkdv = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dkdv_kernel)
 _dq = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dq_kernel)
-_fwd_tuned = triton.autotune(FWD_CONFIGS, key=_KEY)(_fwd)
-_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=_KEY)(_dkdv)
-_dq_tuned = triton.autotune(DQ_CONFIGS, key=_KEY)(_dq)
+_fwd_tuned = triton.autotune(FWD_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("fwd")})(_fwd)
+_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("dkdv")})(_dkdv)
+_dq_tuned = triton.autotune(DQ_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("dq")})(_dq)
 
 
 def _seq_bucket(n: int) -> int:

@@ -25,6 +25,8 @@ IMPL_NAMES = ("naive", "sdpa", "flash_pytorch", "flash_triton", *SDPA_BACKENDS)
 
 
 def _sdpa(q, k, v, is_causal):
+    if q.dim() == 3:  # SDPA's fused backends want (batch, heads, seq, d): give 3D inputs one head
+        return _sdpa(q[:, None], k[:, None], v[:, None], is_causal)[:, 0]
     if is_causal and q.shape[-2] != k.shape[-2]:
         # SDPA aligns its causal mask top-left too, but say so explicitly with a mask
         from kernels.attention import causal_mask
