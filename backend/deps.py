@@ -1,0 +1,50 @@
+"""Shared FastAPI dependencies as Annotated aliases."""
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Iterator
+
+from fastapi import Depends, Header, HTTPException, Request
+from sqlmodel import Session
+
+from backend.db import session
+from backend.dispatch import Dispatcher
+from backend.settings import BackendSettings
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    with session(request.app.state.engine) as db:
+        yield db
+
+
+def get_app_settings(request: Request) -> BackendSettings:
+    return request.app.state.settings
+
+
+def get_dispatcher(request: Request) -> Dispatcher:
+    return request.app.state.dispatcher
+
+
+def _check_token(settings: BackendSettings, authorization: str | None) -> None:
+    if not settings.api_token:
+        return
+    expected = f"Bearer {settings.api_token}"
+    if not authorization or not secrets.compare_digest(authorization.encode(), expected.encode()):
+        raise HTTPException(401, detail="missing or wrong API token: send Authorization: Bearer <token>",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_write(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    _check_token(request.app.state.settings, authorization)
+
+
+def require_read(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    if request.app.state.settings.protect_reads:
+        _check_token(request.app.state.settings, authorization)
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+SettingsDep = Annotated[BackendSettings, Depends(get_app_settings)]
+DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+WriteAuth = Depends(require_write)
+ReadAuth = Depends(require_read)

@@ -1,0 +1,38 @@
+"""The FastAPI app: REST routes, pages, and (optionally) the recorder thread beside them."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from backend.db import make_engine
+from backend.dispatch import Dispatcher
+from backend.pages import router as pages_router
+from backend.recorder import Recorder
+from backend.routes import health, jobs, suites, sweeps
+from backend.settings import BackendSettings, get_settings
+
+
+def create_app(settings: BackendSettings | None = None, with_recorder: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.recorder = None
+        if with_recorder:
+            app.state.recorder = Recorder(app.state.dispatcher.app, app.state.engine)
+            app.state.recorder.start()
+        yield
+        if app.state.recorder is not None:
+            app.state.recorder.stop()
+        app.state.dispatcher.close()
+
+    app = FastAPI(title="benchlab", version="0.1.0", lifespan=lifespan,
+                  description="Run and compare GPU benchmarks of attention kernels and data-parallel training.")
+    app.state.settings = settings
+    app.state.engine = make_engine(settings)
+    app.state.dispatcher = Dispatcher(settings)
+    app.state.recorder = None
+    for r in (health.router, suites.router, sweeps.router, jobs.router, pages_router):
+        app.include_router(r)
+    return app

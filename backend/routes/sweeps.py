@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import Response
+
+from backend import service
+from backend.deps import DispatcherDep, ReadAuth, SessionDep, SettingsDep, WriteAuth
+from backend.grid import SweepInputError
+from backend.models import Sweep, SweepCreate
+
+router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
+
+
+def _get_sweep(db, sweep_id: int) -> Sweep:
+    sweep = db.get(Sweep, sweep_id)
+    if sweep is None:
+        raise HTTPException(404, detail=f"sweep {sweep_id} not found")
+    return sweep
+
+
+@router.post("", status_code=201, dependencies=[WriteAuth])
+def create_sweep(body: SweepCreate, db: SessionDep, settings: SettingsDep, dispatcher: DispatcherDep) -> dict:
+    try:
+        sweep, n = service.create_sweep(db, dispatcher, body, settings)
+    except SweepInputError as exc:
+        raise HTTPException(422, detail=exc.errors) from exc
+    return {"id": sweep.id, "status": service.get_summary(db, sweep)["status"], "jobs": n}
+
+
+@router.get("", dependencies=[ReadAuth])
+def list_sweeps(db: SessionDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> list[dict]:
+    return service.list_sweeps(db, limit, offset)
+
+
+@router.get("/{sweep_id}", dependencies=[ReadAuth])
+def get_sweep(sweep_id: int, db: SessionDep) -> dict:
+    return service.get_summary(db, _get_sweep(db, sweep_id))
+
+
+@router.get("/{sweep_id}/results", dependencies=[ReadAuth])
+def get_results(sweep_id: int, db: SessionDep, format: str = Query("json", pattern="^(json|csv)$")):
+    _get_sweep(db, sweep_id)
+    rows = service.result_rows(db, sweep_id)
+    if format == "csv":
+        return Response(service.rows_to_csv(rows), media_type="text/csv",
+                        headers={"Content-Disposition": f'attachment; filename="sweep_{sweep_id}.csv"'})
+    return rows
+
+
+@router.post("/{sweep_id}/retry", dependencies=[WriteAuth])
+def retry(sweep_id: int, db: SessionDep, dispatcher: DispatcherDep) -> dict:
+    n = service.retry_sweep(db, dispatcher, _get_sweep(db, sweep_id))
+    return {"id": sweep_id, "requeued": n}
+
+
+@router.post("/{sweep_id}/cancel", dependencies=[WriteAuth])
+def cancel(sweep_id: int, db: SessionDep, dispatcher: DispatcherDep) -> dict:
+    n = service.cancel_sweep(db, dispatcher, _get_sweep(db, sweep_id))
+    return {"id": sweep_id, "cancelled": n}

@@ -1,0 +1,279 @@
+"""Plotly figure builders for the pages. They take plain rows (dicts), never database objects.
+
+A row is {"params": {...}, "metrics": {...}, "state": str, "error": str | None}; `flatten` merges
+params and metrics into one dict so builders can address any field by name.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any, Iterable
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PROBLEM_STATES = ("oom", "skipped", "failed", "timeout")
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
+METRIC_KEYS = ("median_ms", "mean_ms", "p20_ms", "p80_ms", "tflops", "peak_mem_bytes")
+
+
+def flatten(row: dict[str, Any]) -> dict[str, Any]:
+    flat = {**row.get("params", {}), **(row.get("metrics") or {})}
+    flat["state"] = row.get("state")
+    flat["error"] = row.get("error")
+    flat["job_id"] = row.get("job_id")
+    return flat
+
+
+def varying(rows: list[dict[str, Any]], keys: Iterable[str]) -> list[str]:
+    """The keys among `keys` that take more than one value across rows."""
+    return [k for k in keys if len({json.dumps(r.get(k), sort_keys=True) for r in rows}) > 1]
+
+
+def _label(row: dict[str, Any], keys: list[str]) -> str:
+    return ", ".join(f"{k}={row.get(k)}" for k in keys) if keys else "all"
+
+
+def _sort_key(v):
+    return (0, v) if isinstance(v, (int, float)) else (1, str(v))
+
+
+def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], facets: list[str], title: str,
+                y_title: str, log_x: bool = True, log_y: bool = False, scale: float = 1.0) -> go.Figure | None:
+    """One subplot per facet value, one line per series value; OOM/skipped/failed cells drawn as x markers."""
+    done = [r for r in rows if r.get("state") == "done" and isinstance(r.get(y), (int, float))]
+    bad = [r for r in rows if r.get("state") in PROBLEM_STATES]
+    if not done and not bad:
+        return None
+    facet_vals = sorted({_label(r, facets) for r in done + bad}, key=str)
+    cols = min(len(facet_vals), 3)
+    nrows = -(-len(facet_vals) // cols)
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=facet_vals if facets else None,
+                        horizontal_spacing=0.08, vertical_spacing=0.12)
+    series_vals = sorted({_label(r, series) for r in done + bad}, key=str)
+    colors = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series_vals)}
+    shown: set[str] = set()
+    for fi, fv in enumerate(facet_vals):
+        rr, cc = fi // cols + 1, fi % cols + 1
+        facet_done = [r for r in done if _label(r, facets) == fv]
+        top = max((r[y] * scale for r in facet_done), default=1.0)
+        for sv in series_vals:
+            pts = sorted((r for r in facet_done if _label(r, series) == sv), key=lambda r: _sort_key(r.get(x)))
+            if pts:
+                err = None
+                if y == "median_ms" and all("p20_ms" in r and "p80_ms" in r for r in pts):
+                    err = dict(type="data", symmetric=False, array=[(r["p80_ms"] - r[y]) * scale for r in pts],
+                               arrayminus=[(r[y] - r["p20_ms"]) * scale for r in pts], thickness=1)
+                fig.add_trace(go.Scatter(x=[r.get(x) for r in pts], y=[r[y] * scale for r in pts], mode="lines+markers",
+                                         name=sv, legendgroup=sv, showlegend=sv not in shown, error_y=err,
+                                         line=dict(color=colors[sv])), row=rr, col=cc)
+                shown.add(sv)
+            marks = [r for r in bad if _label(r, facets) == fv and _label(r, series) == sv]
+            if marks:
+                fig.add_trace(go.Scatter(
+                    x=[r.get(x) for r in marks], y=[top] * len(marks), mode="markers+text",
+                    marker=dict(symbol="x", size=11, color=colors[sv]), text=[r["state"] for r in marks],
+                    textposition="top center", name=f"{sv} ({'/'.join(sorted({r['state'] for r in marks}))})",
+                    legendgroup=sv, showlegend=True,
+                    hovertext=[(r.get("error") or r["state"])[:200] for r in marks], hoverinfo="text+x"),
+                    row=rr, col=cc)
+        fig.update_xaxes(title_text=x, type="log" if log_x else None, row=rr, col=cc)
+        fig.update_yaxes(title_text=y_title, type="log" if log_y else None, row=rr, col=cc)
+    fig.update_layout(title=title, height=max(360, 320 * nrows), margin=dict(t=70, l=60, r=20, b=50),
+                      legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def ratio_rows(rows: list[dict[str, Any]], key: str, baseline: str, metric: str = "median_ms") -> list[dict[str, Any]]:
+    """For each done row whose `key` != baseline, add speedup = baseline's metric / this metric on matching params."""
+    def match_key(r):
+        return json.dumps({k: v for k, v in r["_params"].items() if k != key}, sort_keys=True)
+
+    base = {match_key(r): r[metric] for r in rows if r.get(key) == baseline and r.get("state") == "done"
+            and isinstance(r.get(metric), (int, float))}
+    out = []
+    for r in rows:
+        if r.get(key) == baseline or r.get("state") != "done" or match_key(r) not in base:
+            continue
+        if isinstance(r.get(metric), (int, float)) and r[metric] > 0:
+            out.append({**r, "speedup": base[match_key(r)] / r[metric]})
+    return out
+
+
+def _prepare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    flat = []
+    for r in rows:
+        f = flatten(r)
+        f["_params"] = r.get("params", {})
+        flat.append(f)
+    return flat
+
+
+def attention_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+    flat = _prepare(rows)
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params)
+    facets = [k for k in ("d_head", "dtype", "causal", "pass") if k in var]
+    series = [k for k in var if k not in facets and k not in ("seq_len", "warmup", "repeats")] or ["impl"]
+    figs = [
+        facet_lines(flat, "seq_len", "median_ms", series, facets, "Latency vs sequence length", "ms (median, p20-p80)",
+                    log_y=True),
+        facet_lines(flat, "seq_len", "tflops", series, facets, "Throughput vs sequence length", "TFLOP/s", log_y=False),
+        facet_lines(flat, "seq_len", "peak_mem_bytes", series, facets, "Peak memory vs sequence length", "MiB",
+                    log_y=True, scale=1 / 2**20),
+    ]
+    if any(r.get("impl") == "naive" for r in flat) and len({r.get("impl") for r in flat}) > 1:
+        sp = ratio_rows(flat, "impl", "naive")
+        if sp:
+            figs.append(facet_lines(sp, "seq_len", "speedup", [s for s in series if s != "state"], facets,
+                                    "Speed-up over naive attention", "x faster than naive"))
+    return [f for f in figs if f is not None]
+
+
+def model_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+    flat = _prepare(rows)
+    figs: list[go.Figure | None] = []
+    done = [r for r in flat if r.get("state") == "done"]
+    # stacked forward / backward / optimizer per configuration, from the three scopes
+    groups: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in done:
+        label = f"{r.get('size')} {r.get('precision')}{' compiled' if r.get('compile') else ''}"
+        groups[label][r.get("scope")] = r.get("median_ms")
+    stacked = {k: v for k, v in groups.items() if "fwd" in v and ("fwd_bwd" in v or "step" in v)}
+    if stacked:
+        labels = list(stacked)
+        fwd = [stacked[k]["fwd"] for k in labels]
+        bwd = [max(stacked[k].get("fwd_bwd", stacked[k]["fwd"]) - stacked[k]["fwd"], 0) for k in labels]
+        opt = [max(stacked[k].get("step", 0) - stacked[k].get("fwd_bwd", stacked[k].get("step", 0)), 0) for k in labels]
+        fig = go.Figure([go.Bar(name="forward", x=labels, y=fwd), go.Bar(name="backward", x=labels, y=bwd),
+                         go.Bar(name="optimizer", x=labels, y=opt)])
+        fig.update_layout(barmode="stack", title="Time per scope (median ms)", yaxis_title="ms")
+        figs.append(fig)
+    figs.append(_ratio_bar(done, "precision", "fp32", "bf16", "bf16 autocast speed-up over fp32"))
+    figs.append(_ratio_bar(done, "compile", False, True, "torch.compile speed-up over eager"))
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params)
+    if "context_length" in var:
+        series = [k for k in var if k not in ("context_length",)] or ["checkpointing"]
+        figs.append(facet_lines(flat, "context_length", "peak_mem_bytes", series, [], "Peak memory vs context length",
+                                "GiB", scale=1 / 2**30))
+    else:
+        series = [k for k in var if k != "size"]
+        figs.append(facet_lines(flat, "size", "median_ms", series or ["scope"], [], "Time vs model size", "ms",
+                                log_x=False))
+    kb = [r for r in done if isinstance(r.get("kernel_breakdown_ms"), dict)]
+    if kb:
+        cats = sorted({c for r in kb for c in r["kernel_breakdown_ms"]})
+        labels = [f"job {r['job_id']}: " + _label(r, [k for k in var if k != "profile"]) for r in kb]
+        fig = go.Figure([go.Bar(name=c, x=labels, y=[r["kernel_breakdown_ms"].get(c, 0) for r in kb]) for c in cats])
+        fig.update_layout(barmode="stack", title="Kernel time by category (ms per step)", yaxis_title="ms")
+        figs.append(fig)
+    return [f for f in figs if f is not None]
+
+
+def _ratio_bar(done, key, base_val, new_val, title) -> go.Figure | None:
+    pairs = defaultdict(dict)
+    for r in done:
+        other = json.dumps({k: v for k, v in r["_params"].items() if k != key}, sort_keys=True)
+        pairs[other][r.get(key)] = r
+    xs, ys = [], []
+    for other, d in pairs.items():
+        if base_val in d and new_val in d and d[new_val].get("median_ms"):
+            o = json.loads(other)
+            xs.append(f"{o.get('size')} {o.get('scope')} {o.get('precision', '')}".strip())
+            ys.append(d[base_val]["median_ms"] / d[new_val]["median_ms"])
+    if not xs:
+        return None
+    fig = go.Figure(go.Bar(x=xs, y=ys))
+    fig.update_layout(title=title, yaxis_title="x faster")
+    return fig
+
+
+def ddp_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+    flat = _prepare(rows)
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params)
+    series = [k for k in var if k not in ("bucket_size_mb",)] or ["wrapper"]
+    figs = [
+        facet_lines(flat, "bucket_size_mb", "median_ms", series, [], "Step time vs bucket size", "ms"),
+        facet_lines(flat, "bucket_size_mb", "comm_ms", series, [], "Time inside collectives vs bucket size", "ms"),
+        facet_lines(flat, "bucket_size_mb", "overhead", series, [], "Overhead over the no-communication step", "x"),
+    ]
+    mem = [r for r in flat if r.get("state") == "done" and isinstance(r.get("memory_per_rank"), dict)]
+    if mem:
+        labels = [_label(r, var) for r in mem]
+        parts = ("params", "grads", "optimizer_state", "other")
+        fig = go.Figure([go.Bar(name=p, x=labels, y=[r["memory_per_rank"].get(p, 0) / 2**20 for r in mem]) for p in parts])
+        fig.update_layout(barmode="stack", title="Memory per rank before the optimizer step (MiB)", yaxis_title="MiB")
+        figs.append(fig)
+    return [f for f in figs if f is not None]
+
+
+def allreduce_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+    flat = _prepare(rows)
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params)
+    series = [k for k in var if k != "size_mb"] or ["world_size"]
+    figs = [facet_lines(flat, "size_mb", "busbw_gbps", series, [], "All-reduce bus bandwidth", "GB/s"),
+            facet_lines(flat, "size_mb", "median_ms", series, [], "All-reduce latency", "ms", log_y=True)]
+    return [f for f in figs if f is not None]
+
+
+def generic_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+    flat = _prepare(rows)
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params)
+    numeric = [k for k in var if all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in flat)]
+    metric = next((m for m in METRIC_KEYS if any(isinstance(r.get(m), (int, float)) for r in flat)), None)
+    if not numeric or metric is None:
+        metric = metric or "value"
+        x = "job_id"
+        series = var
+    else:
+        x = numeric[0]
+        series = [k for k in var if k != x]
+    fig = facet_lines(flat, x, metric, series, [], f"{metric} vs {x}", metric, log_x=False)
+    return [fig] if fig is not None else []
+
+
+FIGURE_BUILDERS = {"attention": attention_figures, "model": model_figures, "ddp": ddp_figures,
+                   "allreduce": allreduce_figures}
+
+
+def sweep_figures(suite: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Figures for a sweep page as Plotly JSON dicts."""
+    if not rows:
+        return []
+    builder = FIGURE_BUILDERS.get(suite, generic_figures)
+    return [json.loads(f.to_json()) for f in builder(rows)]
+
+
+def compare_rows(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], metric: str = "median_ms"):
+    """Match cells of two sweeps by their params; ratio = b / a of `metric` (below 1: b is faster)."""
+    def key(r):
+        return json.dumps(r["params"], sort_keys=True)
+
+    b_by = defaultdict(list)
+    for r in rows_b:
+        b_by[key(r)].append(r)
+    out = []
+    for ra in rows_a:
+        for rb in b_by.get(key(ra), [])[:1]:
+            va, vb = (ra.get("metrics") or {}).get(metric), (rb.get("metrics") or {}).get(metric)
+            ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
+            out.append({"params": ra["params"], "a_state": ra["state"], "b_state": rb["state"], "a": va, "b": vb,
+                        "ratio": ratio})
+    return out
+
+
+def compare_figure(matched: list[dict[str, Any]]) -> dict[str, Any] | None:
+    pts = [m for m in matched if m["ratio"] is not None]
+    if not pts:
+        return None
+    var = varying([m["params"] for m in matched], matched[0]["params"].keys())
+    labels = [_label(m["params"], var) for m in pts]
+    fig = go.Figure(go.Bar(x=labels, y=[m["ratio"] for m in pts], marker_color=[
+        "#2ca02c" if m["ratio"] < 1 else "#d62728" for m in pts]))
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="B / A median time per matching cell (below 1: B is faster)", yaxis_title="ratio")
+    return json.loads(fig.to_json())

@@ -1,0 +1,192 @@
+"""The job runner: a warm child process that measures one cell at a time.
+
+Why a child: a segfaulting kernel, a CUDA error that poisons the context, an OOM or a hung kernel
+must cost one job, not the worker. Importing torch costs seconds, so the child is started once
+(torch imported), reused, cleaned between jobs (caches emptied, peak counters reset) and replaced
+when it dies, times out, has run `max_jobs` jobs, or a job asks for a fresh process.
+
+Parent <-> child talk over a Pipe: the parent sends a job dict; the child answers with any number
+of ("progress", text) and then one ("result", outcome dict).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+FINAL_STATES = ("done", "skipped", "failed", "oom", "timeout", "cancelled")
+
+
+@dataclass
+class Outcome:
+    """How one cell ended: the state, its metrics or error, artifacts written, and where it ran."""
+
+    state: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    env: dict[str, Any] | None = None
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "metrics": self.metrics, "error": self.error, "env": self.env,
+                "artifacts": self.artifacts, "duration_s": self.duration_s}
+
+
+def list_artifacts(folder: Path) -> list[dict[str, Any]]:
+    if not folder.is_dir():
+        return []
+    return [{"name": p.name, "size": p.stat().st_size} for p in sorted(folder.iterdir()) if p.is_file()]
+
+
+def _child_main(conn, commit: str | None) -> None:
+    """Runner process: import the GPU stack once, then serve jobs until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    import torch  # noqa: F401  (the warm-up this process exists for)
+
+    from worker.harness import SkipCell, fingerprint, is_oom
+    from worker.suites import CellContext, get_suite, validate_cell
+
+    env = fingerprint(commit)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        t0 = time.monotonic()
+        artifact_dir = Path(job["artifact_dir"])
+        ctx = CellContext(artifact_dir, progress=lambda msg: conn.send(("progress", str(msg))))
+        try:
+            suite = get_suite(job["suite"])
+            params = validate_cell(job["suite"], job["params"])
+            metrics = suite.run(params, ctx)
+            outcome = Outcome("done", metrics=metrics)
+        except SkipCell as exc:
+            outcome = Outcome("skipped", error=str(exc))
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
+            state = "oom" if is_oom(exc) else "failed"
+            outcome = Outcome(state, error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+        outcome.env = env
+        outcome.duration_s = time.monotonic() - t0
+        outcome.artifacts = list_artifacts(artifact_dir)
+        _clean_between_jobs()
+        conn.send(("result", outcome.as_dict()))
+
+
+def _clean_between_jobs() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        except RuntimeError:
+            pass  # a broken CUDA context: the next job in this process will fail and replace it
+
+
+class Runner:
+    """Owns the warm child. `run(job, timeout_s)` always returns an Outcome, whatever the child does."""
+
+    def __init__(self, max_jobs: int = 100, commit: str | None = None):
+        self.max_jobs = max_jobs
+        self.commit = commit
+        self._ctx = mp.get_context("spawn")
+        self._proc: mp.Process | None = None
+        self._conn = None
+        self.jobs_run = 0
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit), daemon=True,
+                                       name="benchlab-runner")
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        self.jobs_run = 0
+        self.starts += 1
+
+    def _ensure(self, fresh: bool) -> None:
+        alive = self._proc is not None and self._proc.is_alive()
+        if alive and (fresh or self.jobs_run >= self.max_jobs):
+            self.stop()
+            alive = False
+        if not alive:
+            self._start()
+
+    def kill(self) -> None:
+        """Kill the child at once (timeout, or the worker shutting down)."""
+        if self._proc is not None and self._proc.is_alive():
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.join(5)
+        self._proc = None
+        self._conn = None
+
+    def stop(self) -> None:
+        """Ask the child to exit; kill it if it does not."""
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            self._proc.join(5)
+        self.kill()
+
+    def run(self, job: dict[str, Any], timeout_s: float, fresh: bool = False,
+            on_progress: Callable[[str], None] | None = None) -> Outcome:
+        """Run one job in the child. The job dict needs suite, params and artifact_dir."""
+        self._ensure(fresh)
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        try:
+            self._conn.send(job)
+        except (OSError, BrokenPipeError):
+            self.kill()
+            return Outcome("failed", error="runner process was not reachable; it has been replaced")
+        self.jobs_run += 1
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                return Outcome("timeout", error=f"job exceeded its timeout of {timeout_s:g} s; the runner was killed",
+                               duration_s=time.monotonic() - t0,
+                               artifacts=list_artifacts(Path(job["artifact_dir"])))
+            try:
+                ready = self._conn.poll(min(remaining, 0.5))
+                if not ready:
+                    if not self._proc.is_alive():
+                        raise EOFError
+                    continue
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                code = self._proc.exitcode if self._proc is not None else None
+                self._proc.join(1) if self._proc is not None else None
+                code = self._proc.exitcode if self._proc is not None else code
+                self.kill()
+                how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                return Outcome("failed", error=f"runner process died during the job ({how}); it has been replaced",
+                               duration_s=time.monotonic() - t0,
+                               artifacts=list_artifacts(Path(job["artifact_dir"])))
+            if kind == "progress":
+                if on_progress is not None:
+                    on_progress(payload)
+                continue
+            outcome = Outcome(**payload)
+            if outcome.state == "failed" and "CUDA error" in (outcome.error or ""):
+                self.kill()  # a CUDA error poisons the context: start clean next time
+            return outcome

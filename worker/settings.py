@@ -1,0 +1,46 @@
+"""Worker settings, read from BENCHLAB_* environment variables (and an optional .env)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BENCHLAB_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(Path("./benchlab-data"), description="artifacts, the embedded broker's folders, the SQLite file")
+    broker_url: str | None = Field(None, description="redis://host:6379/0 for real deployments; default: filesystem broker under data_dir")
+    broker_poll_interval_s: float = Field(0.02, gt=0, description="filesystem broker polling interval")
+    job_timeout_s: float = Field(1800.0, gt=0, description="a job running longer is killed and recorded as `timeout`")
+    runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
+    api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with the API")
+    api_token: str | None = Field(None, description="bearer token for writes to the API")
+    commit: str | None = Field(None, description="git commit to record when the worker's tree has no .git")
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def artifact_root(self) -> Path:
+        return self.resolved_data_dir / "artifacts"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.resolved_data_dir / "broker"
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        return self.effective_broker_url.startswith("filesystem://")
+
+
+@lru_cache(maxsize=1)
+def get_worker_settings() -> WorkerSettings:
+    return WorkerSettings()
