@@ -1,0 +1,279 @@
+"""Data parallelism four ways, each with per-step communication accounting.
+
+    model = BucketedDDP(model, bucket_size_mb=25)
+    loss = loss_fn(model(x)); loss.backward()
+    model.finish_gradient_synchronization()   # grads are now averaged over ranks
+    optimizer.step(); print(model.last_comm)   # {"comm_ms", "wait_ms", "collectives", "bytes"}
+
+NaiveDDP     one all-reduce per parameter after backward.
+FlatDDP      one all-reduce of all gradients flattened into one buffer, after backward.
+OverlapDDP   an async all-reduce per parameter, launched by its post-accumulate-grad hook during
+             backward, waited for in finish_gradient_synchronization.
+BucketedDDP  parameters grouped (reverse registration order, one dtype per bucket) into buckets of
+             at most bucket_size_mb; a bucket's async all-reduce starts when its last gradient is in.
+
+All: rank 0's parameters and buffers are broadcast at construction; a tied parameter is one
+parameter (reduced once); parameters with requires_grad=False are never touched. Collectives must
+be issued in the same order on every rank, so async launches go strictly in bucket order (a ready
+bucket waits for the ones before it), and a parameter that got no gradient on this rank is
+reduced as zeros. Parameters that got no gradient on ANY rank keep grad None, exactly as
+single-process training would leave them (one tiny all-reduce of has-grad flags per step).
+
+Accounting: comm_ms is the wall time from the first collective's launch to the last one's
+completion (for the synchronous variants, the time of the collectives themselves); wait_ms is the
+time finish_gradient_synchronization blocked. On GPU both include a device synchronize.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
+    """Make every rank's parameters and buffers equal to rank `src`'s (flattened per dtype and device)."""
+    tensors = [p.data for p in module.parameters()] + [b for b in module.buffers()]
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for ts in groups.values():
+        flat = _flatten_dense_tensors(ts)
+        dist.broadcast(flat, src=src)
+        for t, synced in zip(ts, _unflatten_dense_tensors(flat, ts)):
+            t.copy_(synced)
+
+
+def globally_used(params: list[nn.Parameter], locally_used: list[bool], device: torch.device) -> list[bool]:
+    """Which params got a gradient on at least one rank (one small all-reduce of flags)."""
+    flags = torch.tensor([1 if u else 0 for u in locally_used], dtype=torch.int32, device=device)
+    dist.all_reduce(flags)
+    return [bool(f) for f in flags.tolist()]
+
+
+class _DDPBase(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("initialise torch.distributed (e.g. parallel.launch) before wrapping a module")
+        self.module = module
+        self.world_size = dist.get_world_size()
+        broadcast_module_state(module)
+        # parameters() yields a tied parameter once: it is reduced once
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        first = next(iter(module.parameters()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.last_comm: dict[str, Any] = {}
+        self._reset_accounting()
+
+    def _reset_accounting(self) -> None:
+        self._comm_s = 0.0
+        self._first_launch: float | None = None
+        self._collectives = 0
+        self._bytes = 0
+
+    def forward(self, *args, **kwargs):
+        self._reset_accounting()
+        self._before_forward()
+        return self.module(*args, **kwargs)
+
+    def _before_forward(self) -> None:
+        pass
+
+    def _grads_or_zeros(self) -> tuple[list[torch.Tensor], list[bool]]:
+        used = [p.grad is not None for p in self.params]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        return grads, used
+
+    def _drop_unused(self, used_here: list[bool]) -> None:
+        """Set grad None on params no rank produced a gradient for; keep averaged zeros elsewhere."""
+        used = globally_used(self.params, used_here, self.device)
+        for p, u in zip(self.params, used):
+            if not u:
+                p.grad = None
+
+    def _finish_accounting(self, wait_s: float) -> None:
+        self.last_comm = {"comm_ms": self._comm_s * 1e3, "wait_ms": wait_s * 1e3,
+                          "collectives": self._collectives, "bytes": self._bytes}
+
+    def finish_gradient_synchronization(self) -> None:
+        raise NotImplementedError
+
+
+class NaiveDDP(_DDPBase):
+    """One synchronous all-reduce per parameter after backward."""
+
+    def finish_gradient_synchronization(self) -> None:
+        t0 = time.perf_counter()
+        grads, used = self._grads_or_zeros()
+        for p, g in zip(self.params, grads):
+            dist.all_reduce(g)
+            g.div_(self.world_size)
+            p.grad = g
+            self._collectives += 1
+            self._bytes += g.numel() * g.element_size()
+        _sync(self.device)
+        self._comm_s = time.perf_counter() - t0
+        self._drop_unused(used)
+        self._finish_accounting(time.perf_counter() - t0)
+
+
+class FlatDDP(_DDPBase):
+    """All gradients flattened into one buffer per dtype, one all-reduce each, after backward."""
+
+    def finish_gradient_synchronization(self) -> None:
+        t0 = time.perf_counter()
+        grads, used = self._grads_or_zeros()
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, g in enumerate(grads):
+            by_dtype.setdefault(g.dtype, []).append(i)
+        for idx in by_dtype.values():
+            ts = [grads[i] for i in idx]
+            flat = _flatten_dense_tensors(ts)  # one copy in: numel * element_size bytes
+            dist.all_reduce(flat)
+            flat.div_(self.world_size)
+            for i, synced in zip(idx, _unflatten_dense_tensors(flat, ts)):
+                self.params[i].grad = synced
+            self._collectives += 1
+            self._bytes += flat.numel() * flat.element_size()
+        _sync(self.device)
+        self._comm_s = time.perf_counter() - t0
+        self._drop_unused(used)
+        self._finish_accounting(time.perf_counter() - t0)
+
+
+class _Bucket:
+    def __init__(self, index: int, params: list[nn.Parameter]):
+        self.index = index
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.buffer: torch.Tensor | None = None
+        self.ready: set[int] = set()
+        self.work = None
+
+    def nbytes(self) -> int:
+        return self.numel * self.params[0].element_size()
+
+
+class BucketedDDP(_DDPBase):
+    """Async all-reduce per bucket, started from gradient hooks as soon as the bucket is complete."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0):
+        if bucket_size_mb <= 0:
+            raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb}")
+        super().__init__(module)
+        self.bucket_size_mb = bucket_size_mb
+        self.buckets = self._make_buckets(int(bucket_size_mb * 1024 * 1024))
+        self._bucket_of: dict[int, tuple[_Bucket, int]] = {}
+        for b in self.buckets:
+            offset = 0
+            for p in b.params:
+                self._bucket_of[id(p)] = (b, offset)
+                offset += p.numel()
+        self._next_launch = 0
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    def _make_buckets(self, cap_bytes: int) -> list[_Bucket]:
+        """Greedy in reverse registration order (roughly the order backward produces gradients)."""
+        buckets: list[list[nn.Parameter]] = []
+        size = 0
+        for p in reversed(self.params):
+            nbytes = p.numel() * p.element_size()
+            if buckets and buckets[-1][0].dtype == p.dtype and size + nbytes <= cap_bytes:
+                buckets[-1].append(p)
+                size += nbytes
+            else:
+                buckets.append([p])
+                size = nbytes
+        return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
+
+    def _before_forward(self) -> None:
+        self._next_launch = 0
+        for b in self.buckets:
+            b.ready.clear()
+            b.work = None
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        bucket, _ = self._bucket_of[id(p)]
+        bucket.ready.add(id(p))
+        # launch, in order, every bucket that is complete and whose predecessors are launched
+        while self._next_launch < len(self.buckets):
+            b = self.buckets[self._next_launch]
+            if len(b.ready) < len(b.params):
+                break
+            self._launch(b)
+
+    def _launch(self, b: _Bucket) -> None:
+        if len(b.params) == 1 and b.params[0].grad is not None:
+            b.buffer = b.params[0].grad  # a one-parameter bucket reduces the gradient in place: no copy
+        elif b.buffer is None or b.buffer is b.params[0].grad:
+            b.buffer = torch.empty(b.numel, dtype=b.params[0].dtype, device=b.params[0].device)
+        if b.buffer is b.params[0].grad:
+            self._start(b)
+            return
+            b.buffer = torch.empty(b.numel, dtype=b.params[0].dtype, device=b.params[0].device)
+        offset = 0
+        for q in b.params:
+            n = q.numel()
+            if q.grad is not None:
+                b.buffer[offset:offset + n].copy_(q.grad.reshape(-1))
+            else:
+                b.buffer[offset:offset + n].zero_()
+            offset += n
+        self._start(b)
+
+    def _start(self, b: _Bucket) -> None:
+        if self._first_launch is None:
+            self._first_launch = time.perf_counter()
+        b.work = dist.all_reduce(b.buffer, async_op=True)
+        self._collectives += 1
+        self._bytes += b.nbytes()
+        self._next_launch += 1
+
+    def finish_gradient_synchronization(self) -> None:
+        t0 = time.perf_counter()
+        used = [p.grad is not None for p in self.params]
+        while self._next_launch < len(self.buckets):  # buckets some of whose params got no gradient
+            self._launch(self.buckets[self._next_launch])
+        for b in self.buckets:
+            b.work.wait()
+        _sync(self.device)
+        done = time.perf_counter()
+        for b in self.buckets:
+            b.buffer.div_(self.world_size)
+            b.work = None
+            if b.buffer is b.params[0].grad:
+                continue
+            offset = 0
+            for q in b.params:
+                n = q.numel()
+                synced = b.buffer[offset:offset + n].view_as(q)
+                if q.grad is None:
+                    q.grad = synced.clone()
+                else:
+                    q.grad.copy_(synced)
+                offset += n
+        self._comm_s = done - (self._first_launch or t0)
+        self._drop_unused(used)
+        self._finish_accounting(time.perf_counter() - t0)
+
+
+class OverlapDDP(BucketedDDP):
+    """An async all-reduce per parameter, launched from its post-accumulate-grad hook."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module, bucket_size_mb=1e-9)  # every parameter its own bucket
+
+    def _make_buckets(self, cap_bytes: int) -> list[_Bucket]:
+        return [_Bucket(i, [p]) for i, p in enumerate(reversed(self.params))]
+
+
+WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "bucketed": BucketedDDP}
