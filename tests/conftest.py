@@ -17,3 +17,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+REQUIRE_REDIS = os.environ.get("BENCHLAB_REQUIRE_REDIS") == "1"
+REQUIRE_BROWSER = os.environ.get("BENCHLAB_REQUIRE_BROWSER") == "1"
+
+
+def redis_available(url: str = "redis://127.0.0.1:6379/0") -> bool:
+    try:
+        import redis
+
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.fixture
+def redis_url():
+    url = "redis://127.0.0.1:6379/7"
+    if not redis_available(url):
+        if REQUIRE_REDIS:
+            pytest.fail("Redis on 127.0.0.1:6379 is required in CI but not reachable")
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    return url

@@ -47,6 +47,7 @@ def list_artifacts(folder: Path) -> list[dict[str, Any]]:
 def _child_main(conn, commit: str | None) -> None:
     """Runner process: import the GPU stack once, then serve jobs until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.setsid()  # own process group: a kill takes the ranks this job spawned with it
     import torch  # noqa: F401  (the warm-up this process exists for)
 
     from worker.harness import SkipCell, fingerprint, is_oom
@@ -113,7 +114,7 @@ class Runner:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit), daemon=True,
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit), daemon=False,
                                        name="benchlab-runner")
         self._proc.start()
         child.close()
@@ -132,7 +133,14 @@ class Runner:
     def kill(self) -> None:
         """Kill the child at once (timeout, or the worker shutting down)."""
         if self._proc is not None and self._proc.is_alive():
-            os.kill(self._proc.pid, signal.SIGKILL)
+            pid = self._proc.pid
+            try:
+                if os.getpgid(pid) == pid:  # setsid done: the group is the child's alone
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self._proc.join(5)
         self._proc = None
         self._conn = None

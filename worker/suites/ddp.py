@@ -1,0 +1,71 @@
+"""The `ddp` suite: a data-parallel training step under each wrapper, on N ranks.
+
+Reports step time (median over steps, rank 0), time inside collectives and waiting in
+finish_gradient_synchronization, overhead = step time / the same step without communication,
+and memory per rank (parameters, gradients, optimizer state, the rest) after construction,
+before the optimizer step and after it. The model is the CS336 Transformer LM at the given dims.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from worker.suites.common import Device, NonNegative, Positive, SuiteParams
+
+DESCRIPTION = "Data-parallel training step: naive/flat/overlapped/bucketed DDP, torch DDP, ZeRO-1, FSDP on N ranks"
+
+
+class Params(SuiteParams):
+    wrapper: Literal["none", "naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "fsdp"] = "bucketed"
+    bucket_size_mb: float = Field(25.0, gt=0, le=10_000, description="bucketed, torch_ddp and zero1")
+    world_size: Positive = 2
+    d_model: Positive = 512
+    num_layers: Positive = 4
+    num_heads: Positive = 8
+    d_ff: Positive = 2048
+    vocab_size: Positive = 10_000
+    context_length: Positive = 128
+    batch: Positive = Field(2, description="sequences per rank")
+    precision: Literal["fp32", "bf16"] = "fp32"
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    warmup: NonNegative = 2
+    steps: Positive = 5
+    device: Device = "auto"
+    threads_per_rank: NonNegative = Field(0, description="CPU only: torch threads per rank (0: torch's default)")
+
+
+def run(p: Params, ctx) -> dict:
+    import torch
+
+    from parallel.bench import train_step_rank
+    from parallel.launch import launch
+    from worker.harness import SkipCell
+
+    device = p.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= p.world_size else "cpu"
+    device = device.split(":")[0]
+    if device == "cuda" and torch.cuda.device_count() < p.world_size:
+        raise SkipCell(f"world_size {p.world_size} needs {p.world_size} GPUs; {torch.cuda.device_count()} visible")
+    if p.d_model % p.num_heads:
+        raise SkipCell(f"d_model {p.d_model} is not divisible by num_heads {p.num_heads}")
+    cfg = {**p.model_dump(), "device": device, "attention": "sdpa"}
+    ctx.progress(f"launching {p.world_size} ranks ({device})")
+    per_rank = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
+    r0 = per_rank[0]
+    mem = r0["memory"]
+    return {
+        **{k: r0[k] for k in ("median_ms", "p20_ms", "p80_ms", "mean_ms", "std_ms", "min_ms", "samples")},
+        "slowest_rank_median_ms": max(r["median_ms"] for r in per_rank),
+        "nocomm_median_ms": r0["nocomm_median_ms"],
+        "overhead": r0["overhead"],
+        "comm_ms": r0["comm_ms"],
+        "wait_ms": r0["wait_ms"],
+        "memory_per_rank": mem.get("before_step"),
+        "memory_after_construction": mem.get("after_construction"),
+        "memory_after_step": mem.get("after_step"),
+        "peak_mem_bytes": r0["peak_mem_bytes"],
+        "backend": r0["backend"],
+        "world_size": p.world_size,
+    }
