@@ -17,8 +17,8 @@ from rich.table import Table
 
 app = typer.Typer(help="benchlab: run and compare GPU benchmarks of attention kernels and data-parallel training.",
                   no_args_is_help=True, add_completion=False)
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)
+out = Console(width=160) if not sys.stdout.isatty() else Console()
 
 FAILED_STATES = ("failed", "oom", "timeout")
 

@@ -1,0 +1,141 @@
+"""The REST contract with good and bad input. Bad input: 4xx naming the field, nothing stored or queued."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import select
+
+from backend.db import session
+from backend.main import create_app
+from backend.models import Job, Sweep
+from backend.settings import BackendSettings
+
+
+@pytest.fixture
+def client(tmp_path):
+    settings = BackendSettings(data_dir=tmp_path, max_grid_cells=50)
+    app = create_app(settings, with_recorder=False)
+    with TestClient(app) as c:
+        c.app_ref = app
+        yield c
+
+
+def queued_messages(client) -> int:
+    folder = client.app_ref.state.dispatcher.worker_settings.broker_dir / "queue"
+    return len(list(folder.glob("*.msg")))
+
+
+def stored_sweeps(client) -> int:
+    with session(client.app_ref.state.engine) as db:
+        return len(db.exec(select(Sweep)).all()) + len(db.exec(select(Job)).all())
+
+
+def test_health_and_openapi(client):
+    assert client.get("/api/health").json()["status"] == "ok"
+    spec = client.get("/openapi.json").json()
+    assert "/api/sweeps" in spec["paths"] and "/api/sweeps/{sweep_id}/results" in spec["paths"]
+
+
+def test_suites_carry_json_schema(client):
+    suites = {s["name"]: s for s in client.get("/api/suites").json()}
+    assert {"attention", "model", "ddp", "allreduce", "noop"} <= set(suites)
+    props = suites["attention"]["schema"]["properties"]
+    assert "pass" in props and "seq_len" in props
+    assert set(props["impl"]["enum"]) >= {"naive", "sdpa", "flash_pytorch", "flash_triton"}
+
+
+def test_create_expands_grid_and_queues_one_task_per_job(client):
+    r = client.post("/api/sweeps", json={"suite": "attention", "params": {"seq_len": [128, 256], "impl": ["naive", "sdpa"],
+                                                                            "d_head": 32}, "repeats": 2, "name": "g"})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["jobs"] == 8 and body["status"] == "queued"
+    assert queued_messages(client) == 8
+    s = client.get(f"/api/sweeps/{body['id']}").json()
+    assert s["counts"]["queued"] == 8 and s["name"] == "g"
+    rows = client.get(f"/api/sweeps/{body['id']}/results").json()
+    assert len(rows) == 8 and rows[0]["params"]["d_head"] == 32 and rows[0]["params"]["pass"] == "fwd_bwd"
+    # first axis varies slowest
+    assert [r["params"]["seq_len"] for r in rows[::2]] == [128, 128, 256, 256]
+    csv = client.get(f"/api/sweeps/{body['id']}/results?format=csv")
+    assert csv.headers["content-type"].startswith("text/csv")
+    assert csv.text.splitlines()[0].startswith("job_id,cell,repeat,state") and len(csv.text.splitlines()) == 9
+
+
+def test_list_is_newest_first(client):
+    ids = [client.post("/api/sweeps", json={"suite": "noop", "params": {}}).json()["id"] for _ in range(3)]
+    assert [s["id"] for s in client.get("/api/sweeps").json()] == ids[::-1]
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"suite": "nope", "params": {}}, "suite"),
+    ({"suite": "attention", "params": {"seq_lenn": 5}}, "seq_lenn"),
+    ({"suite": "attention", "params": {"seq_len": "long"}}, "seq_len"),
+    ({"suite": "attention", "params": {"batch": -1}}, "batch"),
+    ({"suite": "attention", "params": {"heads": 0}}, "heads"),
+    ({"suite": "attention", "params": {"seq_len": []}}, "seq_len"),
+    ({"suite": "attention", "params": {"impl": "cuda_magic"}}, "impl"),
+    ({"suite": "attention", "params": {"seq_len": list(range(1, 52))}}, "params"),
+    ({"suite": "attention", "params": {"batch": [1, 2], "seq_len": [16, -3]}}, "seq_len"),
+    ({"suite": "model", "params": {"size": "custom", "d_model": 64}}, "size=custom"),
+    ({"suite": "noop", "params": {}, "repeats": 0}, "repeats"),
+    ({"params": {}}, "suite"),
+])
+def test_bad_input_is_named_and_changes_nothing(client, body, field):
+    r = client.post("/api/sweeps", json=body)
+    assert r.status_code == 422, r.text
+    assert field in r.text
+    assert stored_sweeps(client) == 0 and queued_messages(client) == 0
+
+
+def test_grid_over_the_cap_says_how_big(client):
+    r = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": list(range(51))}})
+    assert r.status_code == 422 and "51 cells" in r.text and "50" in r.text
+
+
+def test_malformed_json(client):
+    r = client.post("/api/sweeps", content=b'{"suite": "noop", "params": ', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "JSON" in r.text
+    assert stored_sweeps(client) == 0
+
+
+@pytest.mark.parametrize("path", ["/api/sweeps/999", "/api/sweeps/999/results", "/api/jobs/999"])
+def test_missing_ids_are_404(client, path):
+    r = client.get(path)
+    assert r.status_code == 404 and "999" in r.json()["detail"]
+
+
+def test_missing_sweep_writes_are_404(client):
+    assert client.post("/api/sweeps/42/retry").status_code == 404
+    assert client.post("/api/sweeps/42/cancel").status_code == 404
+
+
+def test_cancel_marks_queued_jobs(client):
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2, 3]}}).json()["id"]
+    r = client.post(f"/api/sweeps/{sid}/cancel")
+    assert r.json()["cancelled"] == 3
+    s = client.get(f"/api/sweeps/{sid}").json()
+    assert s["status"] == "cancelled" and s["counts"]["cancelled"] == 3
+    assert client.app_ref.state.dispatcher.cancels.is_cancelled(sid)
+
+
+def test_token_guards_writes_but_not_reads(tmp_path):
+    app = create_app(BackendSettings(data_dir=tmp_path, api_token="s3cret"), with_recorder=False)
+    with TestClient(app) as c:
+        body = {"suite": "noop", "params": {}}
+        assert c.post("/api/sweeps", json=body).status_code == 401
+        assert c.post("/api/sweeps", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.post("/api/sweeps", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 201
+        assert c.get("/api/sweeps").status_code == 200
+        assert c.put("/api/jobs/1/artifacts/x.txt", content=b"hi").status_code == 401
+
+
+def test_artifact_upload_and_download(client):
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {}}).json()["id"]
+    job_id = client.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
+    data = b"x" * 300_000
+    r = client.put(f"/api/jobs/{job_id}/artifacts/trace.json", content=data)
+    assert r.status_code == 201 and r.json()["size"] == len(data)
+    assert client.get(f"/api/jobs/{job_id}/artifacts/trace.json").content == data
+    assert client.put(f"/api/jobs/{job_id}/artifacts/..%2Fescape", content=b"x").status_code in (404, 422)
+    assert client.put(f"/api/jobs/{job_id}/artifacts/.hidden", content=b"x").status_code == 422

@@ -1,0 +1,80 @@
+"""The `benchlab` CLI: run (no server), submit --wait against a server, import; and an API restart."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.stack import ROOT, Stack
+
+
+def benchlab(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "backend.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("cli")).start()
+    yield s
+    s.stop()
+
+
+def test_run_writes_importable_results_and_prints_a_table(tmp_path):
+    out = tmp_path / "r.jsonl"
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path / "data")}
+    p = benchlab("run", "noop", "-p", "x=1,2,3", "--out", str(out), env=env)
+    assert p.returncode == 0, p.stderr
+    assert "noop: 3 cells" in p.stdout
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["kind"] == "sweep" and [x["metrics"]["value"] for x in lines[1:]] == [2.0, 4.0, 6.0]
+    assert all(x["env"]["torch"] for x in lines[1:])
+    imp = benchlab("import", str(out), "--name", "imported", env=env)
+    assert imp.returncode == 0, imp.stderr
+    assert json.loads(imp.stdout)["jobs"] == 3
+
+
+def test_run_exits_non_zero_when_a_cell_fails(tmp_path):
+    p = benchlab("run", "noop", "-p", "mode=ok,raise", env={"BENCHLAB_DATA_DIR": str(tmp_path)})
+    assert p.returncode == 1
+    assert "failed" in p.stdout
+
+
+def test_run_rejects_bad_params_before_running(tmp_path):
+    p = benchlab("run", "attention", "-p", "seq_len=-4", env={"BENCHLAB_DATA_DIR": str(tmp_path)})
+    assert p.returncode == 2 and "seq_len" in p.stderr
+
+
+def test_import_rejects_a_file_that_is_not_a_run(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"hello": 1}\n')
+    p = benchlab("import", str(f), env={"BENCHLAB_DATA_DIR": str(tmp_path)})
+    assert p.returncode == 2 and "not a benchlab run file" in p.stderr
+
+
+def test_submit_wait_succeeds_and_fails_by_cell_state(stack, tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"suite": "noop", "params": {"x": [1, 2]}}))
+    p = benchlab("submit", str(good), "--server", stack.url, "--wait", "--poll-s", "0.2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("suite: noop\nparams:\n  mode: [ok, raise]\n")
+    p = benchlab("submit", str(bad), "--server", stack.url, "--wait", "--poll-s", "0.2")
+    assert p.returncode == 1, p.stdout + p.stderr
+    p = benchlab("submit", str(good), "--server", stack.url.replace(str(stack.port), "1"))
+    assert p.returncode != 0
+
+
+def test_api_restart_keeps_sweeps_and_results(stack):
+    sweep = stack.submit({"suite": "noop", "params": {"x": [5, 6]}})
+    stack.wait(sweep["id"])
+    before = stack.results(sweep["id"])
+    stack.stop_api()
+    stack.start_api()
+    assert stack.results(sweep["id"]) == before
+    # and the restarted API still records new work
+    again = stack.submit({"suite": "noop", "params": {"x": 7}})
+    assert stack.wait(again["id"])["counts"]["done"] == 1
