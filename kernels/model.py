@@ -195,6 +195,8 @@ class TransformerLM(nn.Module):
                             ("num_layers", num_layers), ("num_heads", num_heads), ("d_ff", d_ff)):
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.d_model = d_model

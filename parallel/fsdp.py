@@ -19,7 +19,8 @@ plus at most three gathered layers in the compute dtype at a time in forward.
 from __future__ import annotations
 
 import math
-from typing import Callable
+import time
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,7 @@ class _ShardedParam:
         flat[: self.numel] = full.detach().reshape(-1)
         self.shard = nn.Parameter(flat[rank * self.shard_numel:(rank + 1) * self.shard_numel].clone(),
                                   requires_grad=requires_grad)
+        self.stats: dict[str, Any] = {}  # the owning FSDP's communication counters
 
 
 class _Use:
@@ -58,10 +60,20 @@ class _Use:
         self.prefetched: tuple[torch.Tensor, object] | None = None
 
 
-def _gather(shard: torch.Tensor, dtype: torch.dtype, world: int, async_op: bool = False):
-    src = shard.detach().to(dtype)
-    out = torch.empty(shard.numel() * world, dtype=dtype, device=shard.device)
+def _count(stats: dict[str, Any], t0: float, nbytes: int) -> None:
+    if stats:
+        stats["comm_s"] += time.perf_counter() - t0
+        stats["collectives"] += 1
+        stats["bytes"] += nbytes
+
+
+def _gather(sp: _ShardedParam, dtype: torch.dtype, world: int, async_op: bool = False):
+    """All-gather sp's shard in `dtype`: (flat full tensor, work handle if async)."""
+    t0 = time.perf_counter()
+    src = sp.shard.detach().to(dtype)
+    out = torch.empty(sp.shard.numel() * world, dtype=dtype, device=sp.shard.device)
     work = dist.all_gather_into_tensor(out, src, async_op=async_op)
+    _count(sp.stats, t0, out.numel() * out.element_size())  # async: launch time only
     return out, work
 
 
@@ -71,7 +83,7 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard, sp: _ShardedParam, dtype: torch.dtype, world: int, gathered):
         ctx.world, ctx.shard_dtype, ctx.sp = world, shard.dtype, sp
-        flat = gathered if gathered is not None else _gather(shard, dtype, world)[0]
+        flat = gathered if gathered is not None else _gather(sp, dtype, world)[0]
         return flat[: sp.numel].view(sp.shape)
 
     @staticmethod
@@ -80,7 +92,9 @@ class _AllGather(torch.autograd.Function):
         flat = torch.zeros(sp.shard_numel * world, dtype=grad_full.dtype, device=grad_full.device)
         flat[: sp.numel] = grad_full.reshape(-1)
         out = torch.empty(sp.shard_numel, dtype=grad_full.dtype, device=grad_full.device)
+        t0 = time.perf_counter()
         dist.reduce_scatter_tensor(out, flat)
+        _count(sp.stats, t0, flat.numel() * flat.element_size())
         return out.to(ctx.shard_dtype).div_(world), None, None, None, None
 
 
@@ -125,12 +139,16 @@ class FSDP(nn.Module):
             m.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
             m.register_forward_hook(self._post_forward)
         self._gathered_by_ptr: dict[int, _ShardedParam] = {}
+        self.stats: dict[str, Any] = {"comm_s": 0.0, "collectives": 0, "bytes": 0}
+        for sp in self.sharded:
+            sp.stats = self.stats
+        self.last_comm: dict[str, Any] = {}
 
     # -- forward -------------------------------------------------------------------------------
     def _prefetch(self, module: nn.Module) -> None:
         for u in self._by_module[id(module)]:
             if u.prefetched is None:
-                u.prefetched = _gather(u.sp.shard, self.compute_dtype or u.sp.shard.dtype, self.world_size,
+                u.prefetched = _gather(u.sp, self.compute_dtype or u.sp.shard.dtype, self.world_size,
                                        async_op=True)
 
     def _pre_forward(self, module, args, kwargs):
@@ -141,7 +159,10 @@ class FSDP(nn.Module):
             gathered = None
             if u.prefetched is not None:
                 gathered, work = u.prefetched
+                t0 = time.perf_counter()
                 work.wait()
+                _count(self.stats, t0, 0)
+                self.stats["collectives"] -= 1  # the wait, not a new collective
                 u.prefetched = None
             dtype = self.compute_dtype or u.sp.shard.dtype
             full = _AllGather.apply(u.sp.shard, u.sp, dtype, self.world_size, gathered)
@@ -171,10 +192,11 @@ class FSDP(nn.Module):
         if torch.is_tensor(packed):
             return packed
         sp, dtype, shape, stride, offset = packed
-        flat, _ = _gather(sp.shard, dtype, self.world_size)
+        flat, _ = _gather(sp, dtype, self.world_size)
         return flat.as_strided(shape, stride, offset)
 
     def forward(self, *args, **kwargs):
+        self.stats.update(comm_s=0.0, collectives=0, bytes=0)
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
         for u in self.uses:  # a prefetched layer that did not run this time
@@ -185,7 +207,21 @@ class FSDP(nn.Module):
 
     # -- after backward ------------------------------------------------------------------------
     def finish_gradient_synchronization(self) -> None:
-        """Average the replicated parameters' gradients (sharded ones were reduce-scattered in backward)."""
+        """Average the replicated parameters' gradients (sharded ones were reduce-scattered in backward).
+
+        last_comm: comm_ms = time in the synchronous gathers and reduce-scatters of forward and backward,
+        waits on prefetched gathers, and this all-reduce; wait_ms = time spent here.
+        """
+        t0 = time.perf_counter()
+        self._sync_replicated()
+        if self.replicated and self.replicated[0].device.type == "cuda":
+            torch.cuda.synchronize()
+        wait = time.perf_counter() - t0
+        self.stats["comm_s"] += wait
+        self.last_comm = {"comm_ms": self.stats["comm_s"] * 1e3, "wait_ms": wait * 1e3,
+                          "collectives": self.stats["collectives"], "bytes": self.stats["bytes"]}
+
+    def _sync_replicated(self) -> None:
         if not self.replicated:
             return
         used_here = [p.grad is not None for p in self.replicated]
@@ -207,6 +243,6 @@ class FSDP(nn.Module):
             if sp is None:
                 out[name] = p.detach().clone()
             else:
-                flat, _ = _gather(sp.shard, sp.shard.dtype, self.world_size)
+                flat, _ = _gather(sp, sp.shard.dtype, self.world_size)
                 out[self._full_names[id(p)]] = flat[: sp.numel].view(sp.shape).clone()
         return out

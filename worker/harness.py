@@ -137,7 +137,8 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+    markers = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed", "cannot allocate memory")
+    return isinstance(exc, RuntimeError) and any(m in text.lower() for m in markers)
 
 
 def resolve_device(device: str) -> str:

@@ -1,0 +1,34 @@
+"""docker-compose.yml must validate (Debian's docker-compose; no Docker engine is needed for `config`)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REQUIRE_BROWSER
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_compose_file_validates():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if REQUIRE_BROWSER:  # CI installs docker-compose beside chromium
+            pytest.fail("docker-compose is required in CI but not installed")
+        pytest.skip("docker-compose not installed")
+    p = subprocess.run([exe, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_compose_has_redis_api_and_a_gpu_worker():
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = spec["services"]
+    assert {"redis", "api", "gpu-worker"} <= set(services)
+    worker = services["gpu-worker"]
+    assert worker["environment"]["BENCHLAB_BROKER_URL"].startswith("redis://")
+    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert any(v.split(":")[0] == "benchlab-data" for v in services["api"]["volumes"])
+    assert any(v.split(":")[0] == "benchlab-data" for v in worker["volumes"])

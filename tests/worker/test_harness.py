@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.harness import Timing, is_oom, measure, quantile
+
+
+def test_quantiles_and_timing_summary():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    t = Timing.from_samples(xs)
+    assert t.median_ms == 3.0 and t.samples == 5 and t.min_ms == 1.0
+    assert quantile(sorted(xs), 0.2) == pytest.approx(1.8) and t.p80_ms == pytest.approx(4.2)
+    with pytest.raises(ValueError):
+        Timing.from_samples([])
+
+
+def test_measure_runs_warmup_then_repeats_with_setup():
+    calls = {"fn": 0, "setup": 0}
+    t = measure(lambda: calls.__setitem__("fn", calls["fn"] + 1), warmup=2, repeats=4,
+                setup=lambda: calls.__setitem__("setup", calls["setup"] + 1))
+    assert calls == {"fn": 6, "setup": 6} and t.samples == 4
+
+
+@pytest.mark.parametrize("exc,expected", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), True),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
+    (MemoryError(), True),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+    (ValueError("out of memory"), False),
+])
+def test_oom_classifier_on_real_exception_types(exc, expected):
+    assert is_oom(exc) is expected
+
+
+def test_oom_on_cpu_allocator_is_classified():
+    try:
+        torch.empty(1 << 62, dtype=torch.uint8)
+    except Exception as exc:  # noqa: BLE001
+        assert is_oom(exc), repr(exc)
+    else:
+        pytest.skip("the allocator accepted an exabyte")

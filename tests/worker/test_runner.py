@@ -1,0 +1,83 @@
+"""The warm runner: reuse, replacement, and every way a job can end."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from worker.runner import Runner
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = Runner(max_jobs=100)
+    yield r
+    r.stop()
+
+
+def job(tmp_path, **params):
+    return {"suite": "noop", "params": params, "artifact_dir": str(tmp_path / "a")}
+
+
+def test_runner_is_reused_between_jobs(runner, tmp_path):
+    assert runner.run(job(tmp_path, x=1), timeout_s=60).state == "done"
+    pid = runner.pid
+    out = runner.run(job(tmp_path, x=2), timeout_s=60)
+    assert out.state == "done" and out.metrics["value"] == 4.0 and runner.pid == pid
+    assert out.env["python"]
+
+
+def test_killed_mid_job_is_failed_with_reason_then_replaced(runner, tmp_path):
+    runner.run(job(tmp_path), timeout_s=60)
+    pid = runner.pid
+    threading.Timer(0.5, lambda: os.kill(pid, signal.SIGKILL)).start()
+    out = runner.run(job(tmp_path, sleep_ms=10_000), timeout_s=60)
+    assert out.state == "failed" and "died" in out.error and "signal 9" in out.error
+    nxt = runner.run(job(tmp_path, x=3), timeout_s=60)
+    assert nxt.state == "done" and runner.pid != pid
+
+
+def test_timeout_kills_and_replaces(runner, tmp_path):
+    t0 = time.monotonic()
+    out = runner.run(job(tmp_path, mode="hang"), timeout_s=1.5)
+    assert out.state == "timeout" and time.monotonic() - t0 < 30
+    assert runner.run(job(tmp_path), timeout_s=60).state == "done"
+
+
+def test_fresh_process_on_request(runner, tmp_path):
+    runner.run(job(tmp_path), timeout_s=60)
+    pid = runner.pid
+    runner.run(job(tmp_path), timeout_s=60, fresh=True)
+    assert runner.pid != pid
+
+
+def test_max_jobs_replaces_the_runner(tmp_path):
+    r = Runner(max_jobs=2)
+    try:
+        pids = []
+        for _ in range(3):
+            assert r.run(job(tmp_path), timeout_s=60).state == "done"
+            pids.append(r.pid)
+        assert pids[0] == pids[1] != pids[2]
+    finally:
+        r.stop()
+
+
+def test_states_from_the_suite(runner, tmp_path):
+    assert runner.run(job(tmp_path, mode="oom"), timeout_s=60).state == "oom"
+    assert runner.run(job(tmp_path, mode="skip"), timeout_s=60).state == "skipped"
+    bad = runner.run({"suite": "noop", "params": {"x": "nope"}, "artifact_dir": str(tmp_path)}, timeout_s=60)
+    assert bad.state == "failed" and "x" in bad.error
+
+
+def test_progress_is_forwarded(runner, tmp_path):
+    seen = []
+    out = runner.run({"suite": "model", "params": {"size": "custom", "d_model": 16, "d_ff": 32, "num_layers": 1,
+                                                     "num_heads": 2, "context_length": 8, "batch": 1,
+                                                     "vocab_size": 32, "steps": 1, "warmup": 0},
+                      "artifact_dir": str(tmp_path)}, timeout_s=120, on_progress=seen.append)
+    assert out.state == "done", out.error
+    assert any("warm-up" in s for s in seen)
