@@ -494,10 +494,19 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
     return fp32_precision if dtype == torch.float32 else "ieee"
 
 
-def _launch_config(kernel_tuned, kernel_fixed, which: str, device: torch.device):
-    """On GPU, the autotuned kernel; on CPU (the interpreter), a fixed small tile."""
-    if device.type == "cuda":
-        return kernel_tuned, {}
+# Set to False to skip autotuning on GPU (each kernel then takes the first config of its space that
+# fits in shared memory): much faster cold starts, e.g. for a test matrix of many shapes.
+AUTOTUNE = True
+
+
+def _launch_config(kernel_tuned, kernel_fixed, which: str, q: torch.Tensor, head_dim: int):
+    """On GPU, the autotuned kernel (or the first fitting config); on CPU (the interpreter), a small fixed tile."""
+    if q.device.type == "cuda":
+        if AUTOTUNE:
+            return kernel_tuned, {}
+        space = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[which]
+        cfg = _pruner(which)(space, {"Q": q}, HEAD_DIM=head_dim)[0]
+        return kernel_fixed, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     bm, bn = CPU_CONFIG[which]
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
 
@@ -526,7 +535,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
     block_d = max(16, triton.next_power_of_2(d))
-    kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q.device)
+    kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q, d)
     grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), Z * H)  # noqa: E731
     kernel[grid](q4, k4, v4, o4, lse,
                  *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
@@ -559,14 +568,14 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
         o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
 
-    kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q.device)
+    kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q, d)
     kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), Z * H)](
         q4, k4, v4, do4, lse, delta, dk4, dv4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
         H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
         IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision, **fixed)
 
-    kernel, fixed = _launch_config(_dq_tuned, _dq, "dq", q.device)
+    kernel, fixed = _launch_config(_dq_tuned, _dq, "dq", q, d)
     kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), Z * H)](
         q4, k4, v4, do4, lse, delta, dq4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dq4),

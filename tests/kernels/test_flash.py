@@ -140,11 +140,19 @@ def test_bad_inputs_are_named(bad, msg):
 # ----------------------------------------------------------------------------------------------
 # GPU: bf16, long sequences, unwritten elements
 # ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def fixed_tiles(monkeypatch):
+    """One config per kernel instead of autotuning: the shape matrix compiles in seconds, not minutes."""
+    import kernels.flash_triton as ft
+
+    monkeypatch.setattr(ft, "AUTOTUNE", False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(2, 4, 4097, 64), (1, 2, 1000, 128), (3, 17, 16), (1, 1, 300, 256)])
-def test_gpu_matrix(causal, dtype, shape):
+def test_gpu_matrix(fixed_tiles, causal, dtype, shape):
     _check(FlashAttentionTriton, shape, shape, causal, dtype)
 
 
@@ -155,13 +163,13 @@ def test_gpu_long_bf16(causal):
 
 
 @pytest.mark.gpu
-def test_gpu_unequal_lengths_bf16():
+def test_gpu_unequal_lengths_bf16(fixed_tiles):
     _check(FlashAttentionTriton, (2, 2, 1000, 64), (2, 2, 4097, 64), True, torch.bfloat16)
     _check(FlashAttentionTriton, (2, 2, 4097, 128), (2, 2, 1000, 128), True, torch.bfloat16)
 
 
 @pytest.mark.gpu
-def test_gpu_fp32_ieee_is_tight():
+def test_gpu_fp32_ieee_is_tight(fixed_tiles):
     q, k, v, do = _inputs((2, 2, 300, 64), (2, 2, 300, 64))
     ref = naive_attention(q, k, v, True)
     out = FlashAttentionTriton.apply(q.float().cuda(), k.float().cuda(), v.float().cuda(), True, "ieee")
