@@ -59,6 +59,11 @@ def _flash_triton(q, k, v, is_causal):
     return FlashAttentionTriton.apply(q, k, v, is_causal)
 
 
+# torch.compile (dynamo) cannot trace this autograd.Function's Triton launches (it fails building a
+# guard source); compiled models call it eagerly, with a graph break around attention.
+_flash_triton = torch.compiler.disable(_flash_triton)
+
+
 def get_attention(name: str) -> AttentionFn:
     """The attention callable called `name` (one of IMPL_NAMES)."""
     if name == "naive":

@@ -103,39 +103,27 @@ def measured_peak_tflops(device: str, dtype) -> float | None:
     return _PEAK_CACHE[key]
 
 
-def saved_bytes_per_block(model, tokens) -> list[int]:
-    """Bytes each block saves for backward (saved-tensor hooks; a storage counted once)."""
+def saved_bytes_per_block(model, tokens) -> int:
+    """Bytes one block saves for backward (saved-tensor hooks; a storage counted once), measured on
+    block 0 alone so that counting never needs a whole un-checkpointed model's activations."""
     import torch
 
-    from kernels.model import cross_entropy
-
-    per_block = [0] * len(model.layers)
     seen: set[int] = set()
-    current = {"i": -1}
+    total = 0
 
     def pack(t):
-        i = current["i"]
-        if i >= 0:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                per_block[i] += t.untyped_storage().nbytes()
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
         return t
 
-    saved_policy = model.checkpoint_every
-    model.checkpoint_every = 0  # count what a block saves when it is not checkpointed
-    handles = [blk.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__("i", i))
-               for i, blk in enumerate(model.layers)]
-    handles.append(model.ln_final.register_forward_pre_hook(lambda m, a: current.__setitem__("i", -1)))
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = cross_entropy(model(tokens), tokens)
-        del loss
-    finally:
-        for h in handles:
-            h.remove()
-        model.checkpoint_every = saved_policy
-    return per_block
+    x = model.token_embeddings(tokens).detach().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model.layers[0](x)
+    del out
+    return total
 
 
 def predicted_activation_bytes(policy: str, num_layers: int, per_block: int, residual: int) -> int:
@@ -263,9 +251,9 @@ def run(p: Params, ctx) -> dict:
         zero()
         with autocast():
             per_block = saved_bytes_per_block(model, tokens)
-        metrics["saved_bytes_per_block"] = max(per_block) if per_block else 0
+        metrics["saved_bytes_per_block"] = per_block
         metrics["predicted_activation_bytes"] = predicted_activation_bytes(
-            p.checkpointing, num_layers, max(per_block) if per_block else 0, metrics["residual_stream_bytes"])
+            p.checkpointing, num_layers, per_block, metrics["residual_stream_bytes"])
     if p.profile:
         ctx.progress("profiling")
         metrics["kernel_breakdown_ms"] = _profile(step, setup, device, ctx)
