@@ -187,3 +187,38 @@ def allreduce_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
     algbw = nbytes / (t.median_ms * 1e-3) / 1e9
     return {"rank": rank, **t.as_dict(), "bytes": nbytes, "algbw_gbps": algbw,
             "busbw_gbps": algbw * 2 * (world - 1) / world, "backend": dist.get_backend()}
+
+
+def interleaved_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """BucketedDDP and torch's DistributedDataParallel with the same bucket size, stepped alternately in
+    one process (A, B, A, B, ...) so both see the same machine state: a fair side-by-side on a noisy host."""
+    from worker.harness import Timing
+
+    from kernels.model import cross_entropy
+
+    device = "cpu" if cfg["device"] == "cpu" else f"cuda:{rank}"
+    if device == "cpu" and cfg.get("threads_per_rank"):
+        torch.set_num_threads(cfg["threads_per_rank"])
+    g = torch.Generator().manual_seed(1000 + rank)
+    tokens = torch.randint(0, cfg["vocab_size"], (cfg["batch"], cfg["context_length"]), generator=g).to(device)
+    contenders = {}
+    for name in ("bucketed", "torch_ddp"):
+        wrapped, opt, finish = wrap(build_model(cfg, device), {**cfg, "wrapper": name}, device)
+        contenders[name] = (wrapped, opt, finish, [])
+    for i in range(cfg["warmup"] + cfg["steps"]):
+        for name, (wrapped, opt, finish, times) in contenders.items():
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            cross_entropy(wrapped(tokens), tokens).backward()
+            finish()
+            opt.step()
+            _sync(device)
+            if i >= cfg["warmup"]:
+                times.append((time.perf_counter() - t0) * 1e3)
+    out = {"rank": rank}
+    for name, (_, _, _, times) in contenders.items():
+        out[name] = Timing.from_samples(times).as_dict()
+    out["ratio_bucketed_over_torch"] = out["bucketed"]["median_ms"] / out["torch_ddp"]["median_ms"]
+    return out

@@ -1,0 +1,117 @@
+"""Queue overhead: what benchlab itself costs around a job (issue 2's performance figures).
+
+    python -m backend.bench_queue --out docs/results/cpu/queue_overhead.json
+
+- submit-to-done of a job that does nothing (noop suite), one at a time, embedded broker and Redis:
+  the time from POST /api/sweeps to the recorder having written `done` (polled every 2 ms);
+- a 1,000-cell no-op sweep through the embedded broker, wall time to all done;
+- GET /api/sweeps/{id}/results on a 10,000-row sweep (rows written straight to the database).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def submit_to_done(stack, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        sid = stack.submit({"suite": "noop", "params": {"x": i}})["id"]
+        while stack.client.get(f"/api/sweeps/{sid}").json()["status"] != "done":
+            time.sleep(0.002)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def big_sweep(stack, cells: int) -> float:
+    t0 = time.perf_counter()
+    sid = stack.submit({"suite": "noop", "params": {"x": list(range(cells))}})["id"]
+    stack.wait(sid, timeout=1800)
+    return time.perf_counter() - t0
+
+
+def results_latency(data_dir: Path, rows: int, reps: int = 10) -> dict:
+    """Fill a sweep of `rows` finished jobs, then time GET /results (JSON and CSV) in-process."""
+    from fastapi.testclient import TestClient
+
+    from backend.db import session
+    from backend.main import create_app
+    from backend.models import Job, Result, Sweep
+    from backend.settings import BackendSettings
+
+    app = create_app(BackendSettings(data_dir=data_dir, max_grid_cells=rows), with_recorder=False)
+    with session(app.state.engine) as db:
+        sweep = Sweep(suite="attention", params={})
+        db.add(sweep)
+        db.flush()
+        jobs = [Job(sweep_id=sweep.id, cell_index=i, state="done",
+                    params={"impl": "naive", "seq_len": i, "batch": 4, "heads": 8, "d_head": 64, "dtype": "bf16",
+                            "causal": True, "pass": "fwd_bwd", "device": "cuda", "warmup": 3, "repeats": 10})
+                for i in range(rows)]
+        db.add_all(jobs)
+        db.flush()
+        db.add_all(Result(job_id=j.id, state="done", metrics={"median_ms": 1.0 + j.cell_index, "p20_ms": 1.0,
+                                                                 "p80_ms": 2.0, "tflops": 100.0, "samples": 10})
+                   for j in jobs)
+        db.commit()
+        sid = sweep.id
+    out = {}
+    with TestClient(app) as c:
+        for fmt in ("json", "csv"):
+            c.get(f"/api/sweeps/{sid}/results?format={fmt}")  # warm
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                r = c.get(f"/api/sweeps/{sid}/results?format={fmt}")
+                ts.append((time.perf_counter() - t0) * 1e3)
+                assert r.status_code == 200
+            out[fmt] = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "samples": reps}
+    return out
+
+
+def summary(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    return {"median_ms": statistics.median(xs), "p20_ms": xs[len(xs) // 5], "p80_ms": xs[4 * len(xs) // 5],
+            "min_ms": xs[0], "samples": len(xs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--jobs", type=int, default=50, help="submit-to-done samples per broker")
+    ap.add_argument("--cells", type=int, default=1000)
+    ap.add_argument("--rows", type=int, default=10_000)
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/8")
+    args = ap.parse_args()
+
+    from backend.localstack import Stack
+    from worker.harness import fingerprint
+
+    result: dict = {"env": fingerprint()}
+    for broker in ("embedded", "redis"):
+        with tempfile.TemporaryDirectory() as d:
+            stack = Stack(Path(d), broker_url=args.redis if broker == "redis" else None,
+                          queue=f"bench-{int(time.time())}" if broker == "redis" else "default").start()
+            try:
+                submit_to_done(stack, 3)  # the runner's first start (torch import) stays out
+                result[f"submit_to_done_{broker}"] = summary(submit_to_done(stack, args.jobs))
+                if broker == "embedded":
+                    result[f"sweep_{args.cells}_cells_embedded_s"] = big_sweep(stack, args.cells)
+            finally:
+                stack.stop()
+        print(json.dumps({k: v for k, v in result.items() if k != "env"}, indent=1), flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        result[f"results_endpoint_{args.rows}_rows"] = results_latency(Path(d), args.rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

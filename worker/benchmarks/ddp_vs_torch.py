@@ -1,0 +1,47 @@
+"""BucketedDDP against torch DistributedDataParallel, same bucket sizes, steps interleaved in one run.
+
+    python -m worker.benchmarks.ddp_vs_torch --out docs/results/cpu/ddp_vs_torch_interleaved.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--buckets", default="1,10,25,100")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=8)
+    args = ap.parse_args(argv)
+
+    from parallel.bench import interleaved_rank
+    from parallel.launch import launch
+    from worker.harness import fingerprint
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f:
+        f.write(json.dumps({"kind": "env", **fingerprint()}) + "\n")
+        for mb in (float(x) for x in args.buckets.split(",")):
+            cfg = {"device": args.device, "threads_per_rank": 1, "vocab_size": 10_000, "context_length": 64,
+                   "batch": 1, "d_model": args.d_model, "num_layers": args.layers, "num_heads": 12,
+                   "d_ff": 4 * args.d_model, "bucket_size_mb": mb, "warmup": args.warmup, "steps": args.steps,
+                   "optimizer": "adamw", "attention": "sdpa"}
+            res = launch(interleaved_rank, args.world_size, args=(cfg,), device=args.device, timeout_s=3600)
+            row = {"kind": "pair", "bucket_size_mb": mb, "config": cfg, "ranks": res}
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            r0 = res[0]
+            print(f"bucket {mb:g} MB: bucketed {r0['bucketed']['median_ms']:.1f} ms, torch DDP "
+                  f"{r0['torch_ddp']['median_ms']:.1f} ms, ratio {r0['ratio_bucketed_over_torch']:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
