@@ -32,7 +32,7 @@ def redis_available(url: str = "redis://127.0.0.1:6379/0") -> bool:
         return False
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def redis_url():
     url = "redis://127.0.0.1:6379/7"
     if not redis_available(url):

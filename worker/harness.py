@@ -152,6 +152,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def resolve_rank_device(device: str, world_size: int) -> str:
+    """'cpu' or 'cuda' for a multi-rank cell: auto picks cuda when there is a GPU for every rank."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        device = "cuda" if gpus >= world_size else "cpu"
+    device = device.split(":")[0]
+    if device == "cuda" and gpus < world_size:
+        raise SkipCell(f"world_size {world_size} needs {world_size} GPUs; {gpus} visible")
+    return device
+
+
 class SkipCell(Exception):
     """Raised by a suite when a cell's configuration is unsupported; the job is recorded as `skipped`."""
 

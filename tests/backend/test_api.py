@@ -139,3 +139,9 @@ def test_artifact_upload_and_download(client):
     assert client.get(f"/api/jobs/{job_id}/artifacts/trace.json").content == data
     assert client.put(f"/api/jobs/{job_id}/artifacts/..%2Fescape", content=b"x").status_code in (404, 422)
     assert client.put(f"/api/jobs/{job_id}/artifacts/.hidden", content=b"x").status_code == 422
+
+
+def test_ddp_heads_must_divide_d_model(client):
+    r = client.post("/api/sweeps", json={"suite": "ddp", "params": {"d_model": 100, "num_heads": 3}})
+    assert r.status_code == 422 and "divisible" in r.text
+    assert stored_sweeps(client) == 0

@@ -21,19 +21,6 @@ def stack(request, tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def redis_url():
-    # module-scoped twin of the conftest fixture (the stack fixture is module-scoped)
-    from tests.conftest import REQUIRE_REDIS, redis_available
-
-    url = "redis://127.0.0.1:6379/7"
-    if not redis_available(url):
-        if REQUIRE_REDIS:
-            pytest.fail("Redis on 127.0.0.1:6379 is required in CI but not reachable")
-        pytest.skip("no Redis on 127.0.0.1:6379")
-    return url
-
-
 def test_sweep_runs_to_done_with_results_and_fingerprint(stack):
     sweep = stack.submit({"suite": "noop", "params": {"x": [1, 2, 3]}, "name": "e2e", "tags": {"ci": "yes"}})
     assert sweep["jobs"] == 3

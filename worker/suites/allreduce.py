@@ -21,18 +21,11 @@ class Params(SuiteParams):
 
 
 def run(p: Params, ctx) -> dict:
-    import torch
-
     from parallel.bench import allreduce_rank
     from parallel.launch import launch
-    from worker.harness import SkipCell
+    from worker.harness import resolve_rank_device
 
-    device = p.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= p.world_size else "cpu"
-    device = device.split(":")[0]
-    if device == "cuda" and torch.cuda.device_count() < p.world_size:
-        raise SkipCell(f"world_size {p.world_size} needs {p.world_size} GPUs; {torch.cuda.device_count()} visible")
+    device = resolve_rank_device(p.device, p.world_size)
     per_rank = launch(allreduce_rank, p.world_size, args=({**p.model_dump(), "device": device},), device=device,
                       timeout_s=1800)
     r0 = per_rank[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from worker.suites.common import Device, NonNegative, Positive, SuiteParams
 
@@ -34,22 +34,19 @@ class Params(SuiteParams):
     device: Device = "auto"
     threads_per_rank: NonNegative = Field(0, description="CPU only: torch threads per rank (0: torch's default)")
 
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model {self.d_model} must be divisible by num_heads {self.num_heads}")
+        return self
+
 
 def run(p: Params, ctx) -> dict:
-    import torch
-
     from parallel.bench import train_step_rank
     from parallel.launch import launch
-    from worker.harness import SkipCell
+    from worker.harness import resolve_rank_device
 
-    device = p.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= p.world_size else "cpu"
-    device = device.split(":")[0]
-    if device == "cuda" and torch.cuda.device_count() < p.world_size:
-        raise SkipCell(f"world_size {p.world_size} needs {p.world_size} GPUs; {torch.cuda.device_count()} visible")
-    if p.d_model % p.num_heads:
-        raise SkipCell(f"d_model {p.d_model} is not divisible by num_heads {p.num_heads}")
+    device = resolve_rank_device(p.device, p.world_size)
     cfg = {**p.model_dump(), "device": device, "attention": "sdpa"}
     ctx.progress(f"launching {p.world_size} ranks ({device})")
     per_rank = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)

@@ -1,0 +1,70 @@
+"""What the recorder writes: each worker message applied once, stale ones dropped, nothing lost."""
+from __future__ import annotations
+
+import pytest
+
+from backend.db import make_engine, session
+from backend.models import Job, Result, SweepCreate
+from backend.service import apply_event, create_sweep, job_detail, retry_sweep
+from backend.settings import BackendSettings
+
+
+@pytest.fixture
+def db(tmp_path):
+    settings = BackendSettings(data_dir=tmp_path)
+    with session(make_engine(settings)) as s:
+        s.settings = settings
+        yield s
+
+
+def _one_job(db) -> Job:
+    sweep, n = create_sweep(db, None, SweepCreate(suite="noop", params={"x": 1}), db.settings)
+    assert n == 1
+    return db.query(Job).filter(Job.sweep_id == sweep.id).one()
+
+
+def result(job_id, state="done", attempt=1, **kw):
+    return {"type": "result", "job_id": job_id, "state": state, "attempt": attempt, "metrics": {"value": 1.0},
+            "env": {"torch": "x", "python": "3"}, "artifacts": [], "duration_s": 0.5, **kw}
+
+
+def test_running_then_result(db):
+    job = _one_job(db)
+    assert apply_event(db, {"type": "state", "job_id": job.id, "state": "running", "worker": "w1", "attempt": 1})
+    assert apply_event(db, {"type": "progress", "job_id": job.id, "message": "warm-up", "attempt": 1})
+    assert apply_event(db, result(job.id))
+    d = job_detail(db, db.get(Job, job.id))
+    assert d["state"] == "done" and d["worker"] == "w1" and d["metrics"] == {"value": 1.0} and d["env"]["torch"] == "x"
+
+
+def test_running_after_final_state_is_dropped(db):
+    job = _one_job(db)
+    apply_event(db, result(job.id))
+    assert not apply_event(db, {"type": "state", "job_id": job.id, "state": "running", "attempt": 1})
+    assert db.get(Job, job.id).state == "done"
+
+
+def test_stale_attempt_is_dropped_after_retry(db):
+    job = _one_job(db)
+    apply_event(db, result(job.id, state="failed", error="boom"))
+    from backend.models import Sweep
+
+    assert retry_sweep(db, None, db.get(Sweep, job.sweep_id)) == 1
+    assert not apply_event(db, result(job.id, state="failed", attempt=1))  # a late copy of attempt 1
+    assert db.get(Job, job.id).state == "queued"
+    assert apply_event(db, result(job.id, state="done", attempt=2))
+    assert [r.attempt for r in db.query(Result).filter(Result.job_id == job.id)] == [1, 2]
+
+
+def test_unknown_state_is_recorded_as_failed_and_unknown_job_ignored(db):
+    job = _one_job(db)
+    assert apply_event(db, result(job.id, state="exploded"))
+    assert db.get(Job, job.id).state == "failed"
+    assert not apply_event(db, result(987654))
+
+
+def test_environment_is_stored_once(db):
+    a, b = _one_job(db), _one_job(db)
+    apply_event(db, result(a.id))
+    apply_event(db, result(b.id))
+    assert db.get(Job, a.id).env_id == db.get(Job, b.id).env_id is not None
