@@ -4,8 +4,10 @@ train_step_rank: time a data-parallel training step of a model under one wrapper
 step into communication and waiting, compare with the same step without communication, and
 account memory per rank (parameters, gradients, optimizer state, the rest) at three points.
 
-allreduce_rank: all-reduce latency over message sizes; algbw = bytes / time,
-busbw = algbw * 2(n-1)/n (what each link carries in a ring all-reduce).
+allreduce_rank: all-reduce latency of one message size (the caller derives algbw = bytes / time and
+busbw = algbw * 2(n-1)/n, what each link carries in a ring all-reduce).
+
+They return raw per-step samples; the suites summarise them (worker.harness.Timing).
 """
 from __future__ import annotations
 
@@ -117,8 +119,6 @@ def _time_steps(wrapped, opt, finish, cfg, device, tokens, targets, probe=None):
 def train_step_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Run inside each rank. cfg: model dims, wrapper, bucket_size_mb, batch (per rank), warmup, steps,
     precision, optimizer, device ('cpu' or 'cuda')."""
-    from worker.harness import Timing
-
     device = f"cuda:{rank}" if cfg["device"] == "cuda" else "cpu"
     if device == "cpu" and cfg.get("threads_per_rank"):
         torch.set_num_threads(cfg["threads_per_rank"])
@@ -145,17 +145,12 @@ def train_step_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     mem = {"after_construction": probe()}
     times, comm, wait, mem_steps = _time_steps(wrapped, opt, finish, cfg, device, tokens, targets, probe)
     mem.update(mem_steps)
-    t = Timing.from_samples(times)
-    base = Timing.from_samples(base_times)
-    comm_vals = [c for c in comm if c is not None]
-    wait_vals = [w for w in wait if w is not None]
     return {
         "rank": rank,
-        **t.as_dict(),
-        "nocomm_median_ms": base.median_ms,
-        "overhead": t.median_ms / base.median_ms,
-        "comm_ms": sorted(comm_vals)[len(comm_vals) // 2] if comm_vals else None,
-        "wait_ms": sorted(wait_vals)[len(wait_vals) // 2] if wait_vals else None,
+        "samples_ms": times,
+        "nocomm_samples_ms": base_times,
+        "comm_samples_ms": [c for c in comm if c is not None],
+        "wait_samples_ms": [w for w in wait if w is not None],
         "memory": mem,
         "peak_mem_bytes": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
         "params_total": sum(p.numel() for p in inner.parameters()) if cfg["wrapper"] not in ("fsdp",) else None,
@@ -164,12 +159,9 @@ def train_step_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
 
 
 def allreduce_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Time all-reduce of cfg['size_mb'] MB in cfg['dtype'] on every rank; bandwidths from rank 0's median."""
-    from worker.harness import Timing
-    from worker.suites.common import torch_dtype
-
+    """Time all-reduce of cfg['size_mb'] MB in cfg['dtype'] on every rank: per-call samples and the byte count."""
     device = f"cuda:{rank}" if cfg["device"] == "cuda" else "cpu"
-    dtype = torch_dtype(cfg["dtype"])
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg["dtype"]]
     elem = torch.tensor([], dtype=dtype).element_size()
     n = max(1, int(cfg["size_mb"] * 2**20 / elem))
     x = torch.ones(n, dtype=dtype, device=device)
@@ -182,18 +174,12 @@ def allreduce_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
         _sync(device)
         if i >= cfg["warmup"]:
             samples.append((time.perf_counter() - t0) * 1e3)
-    t = Timing.from_samples(samples)
-    nbytes = n * elem
-    algbw = nbytes / (t.median_ms * 1e-3) / 1e9
-    return {"rank": rank, **t.as_dict(), "bytes": nbytes, "algbw_gbps": algbw,
-            "busbw_gbps": algbw * 2 * (world - 1) / world, "backend": dist.get_backend()}
+    return {"rank": rank, "samples_ms": samples, "bytes": n * elem, "backend": dist.get_backend()}
 
 
 def interleaved_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """BucketedDDP and torch's DistributedDataParallel with the same bucket size, stepped alternately in
     one process (A, B, A, B, ...) so both see the same machine state: a fair side-by-side on a noisy host."""
-    from worker.harness import Timing
-
     from kernels.model import cross_entropy
 
     device = "cpu" if cfg["device"] == "cpu" else f"cuda:{rank}"
@@ -217,8 +203,4 @@ def interleaved_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, An
             _sync(device)
             if i >= cfg["warmup"]:
                 times.append((time.perf_counter() - t0) * 1e3)
-    out = {"rank": rank}
-    for name, (_, _, _, times) in contenders.items():
-        out[name] = Timing.from_samples(times).as_dict()
-    out["ratio_bucketed_over_torch"] = out["bucketed"]["median_ms"] / out["torch_ddp"]["median_ms"]
-    return out
+    return {"rank": rank, **{name: times for name, (_, _, _, times) in contenders.items()}}

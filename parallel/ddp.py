@@ -11,6 +11,8 @@ OverlapDDP   an async all-reduce per parameter, launched by its post-accumulate-
              backward, waited for in finish_gradient_synchronization.
 BucketedDDP  parameters grouped (reverse registration order, one dtype per bucket) into buckets of
              at most bucket_size_mb; a bucket's async all-reduce starts when its last gradient is in.
+             Gradients are scaled by 1/N while copied into the bucket, and after the reduction each
+             parameter's .grad is a view of its bucket (no copy back).
 
 All: rank 0's parameters and buffers are broadcast at construction; a tied parameter is one
 parameter (reduced once); parameters with requires_grad=False are never touched. Collectives must
@@ -212,25 +214,21 @@ class BucketedDDP(_DDPBase):
             self._launch(b)
 
     def _launch(self, b: _Bucket) -> None:
+        """Fill the bucket (grad / world_size, while it is hot in cache) and start its all-reduce."""
+        inv = 1.0 / self.world_size
         if len(b.params) == 1 and b.params[0].grad is not None:
-            b.buffer = b.params[0].grad  # a one-parameter bucket reduces the gradient in place: no copy
-        elif b.buffer is None or b.buffer is b.params[0].grad:
-            b.buffer = torch.empty(b.numel, dtype=b.params[0].dtype, device=b.params[0].device)
-        if b.buffer is b.params[0].grad:
-            self._start(b)
-            return
-            b.buffer = torch.empty(b.numel, dtype=b.params[0].dtype, device=b.params[0].device)
-        offset = 0
-        for q in b.params:
-            n = q.numel()
-            if q.grad is not None:
-                b.buffer[offset:offset + n].copy_(q.grad.reshape(-1))
-            else:
-                b.buffer[offset:offset + n].zero_()
-            offset += n
-        self._start(b)
-
-    def _start(self, b: _Bucket) -> None:
+            b.buffer = b.params[0].grad.mul_(inv)  # a one-parameter bucket reduces the gradient in place
+        else:
+            if b.buffer is None or b.buffer is b.params[0].grad:
+                b.buffer = torch.empty(b.numel, dtype=b.params[0].dtype, device=b.params[0].device)
+            offset = 0
+            for q in b.params:
+                n = q.numel()
+                if q.grad is not None:
+                    torch.mul(q.grad.reshape(-1), inv, out=b.buffer[offset:offset + n])
+                else:
+                    b.buffer[offset:offset + n].zero_()
+                offset += n
         if self._first_launch is None:
             self._first_launch = time.perf_counter()
         b.work = dist.all_reduce(b.buffer, async_op=True)
@@ -248,18 +246,13 @@ class BucketedDDP(_DDPBase):
         _sync(self.device)
         done = time.perf_counter()
         for b in self.buckets:
-            b.buffer.div_(self.world_size)
             b.work = None
-            if b.buffer is b.params[0].grad:
+            if b.buffer is b.params[0].grad:  # reduced in place: already the average
                 continue
             offset = 0
             for q in b.params:
                 n = q.numel()
-                synced = b.buffer[offset:offset + n].view_as(q)
-                if q.grad is None:
-                    q.grad = synced.clone()
-                else:
-                    q.grad.copy_(synced)
+                q.grad = b.buffer[offset:offset + n].view_as(q)  # gradients become views of the bucket: no copy
                 offset += n
         self._comm_s = done - (self._first_launch or t0)
         self._drop_unused(used)

@@ -78,3 +78,47 @@ def test_api_restart_keeps_sweeps_and_results(stack):
     # and the restarted API still records new work
     again = stack.submit({"suite": "noop", "params": {"x": 7}})
     assert stack.wait(again["id"])["counts"]["done"] == 1
+
+
+def test_up_serves_and_stops_both_halves_on_ctrl_c(tmp_path):
+    import signal
+    import time
+
+    import httpx
+
+    from tests.stack import free_port
+
+    port = free_port()
+    env = {**os.environ, "BENCHLAB_DATA_DIR": str(tmp_path), "BENCHLAB_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "up"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        sid = None
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/api/sweeps", json={"suite": "noop", "params": {"x": 1}})
+                sid = r.json()["id"]
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert sid is not None, "benchlab up did not serve"
+        while httpx.get(f"http://127.0.0.1:{port}/api/sweeps/{sid}").json()["status"] != "done":
+            assert time.monotonic() < deadline, "the embedded worker did not run the job"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    import re
+    from pathlib import Path
+
+    output = proc.stdout.read()
+    m = re.search(r"worker pid (\d+)", output)
+    assert m, output
+    worker_pid = int(m.group(1))
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{worker_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{worker_pid}").exists(), "the embedded worker outlived benchlab up"

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from parallel.bench import interleaved_rank
     from parallel.launch import launch
-    from worker.harness import fingerprint
+    from worker.harness import Timing, fingerprint
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
@@ -34,12 +34,14 @@ def main(argv: list[str] | None = None) -> int:
                    "d_ff": 4 * args.d_model, "bucket_size_mb": mb, "warmup": args.warmup, "steps": args.steps,
                    "optimizer": "adamw", "attention": "sdpa"}
             res = launch(interleaved_rank, args.world_size, args=(cfg,), device=args.device, timeout_s=3600)
-            row = {"kind": "pair", "bucket_size_mb": mb, "config": cfg, "ranks": res}
+            ours, theirs = Timing.from_samples(res[0]["bucketed"]), Timing.from_samples(res[0]["torch_ddp"])
+            row = {"kind": "pair", "bucket_size_mb": mb, "config": cfg, "bucketed": ours.as_dict(),
+                   "torch_ddp": theirs.as_dict(), "ratio_bucketed_over_torch": ours.median_ms / theirs.median_ms,
+                   "rank_samples_ms": res}
             f.write(json.dumps(row) + "\n")
             f.flush()
-            r0 = res[0]
-            print(f"bucket {mb:g} MB: bucketed {r0['bucketed']['median_ms']:.1f} ms, torch DDP "
-                  f"{r0['torch_ddp']['median_ms']:.1f} ms, ratio {r0['ratio_bucketed_over_torch']:.3f}", flush=True)
+            print(f"bucket {mb:g} MB: bucketed {ours.median_ms:.1f} ms, torch DDP {theirs.median_ms:.1f} ms, "
+                  f"ratio {row['ratio_bucketed_over_torch']:.3f}", flush=True)
     return 0
 
 

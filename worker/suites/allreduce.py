@@ -23,11 +23,14 @@ class Params(SuiteParams):
 def run(p: Params, ctx) -> dict:
     from parallel.bench import allreduce_rank
     from parallel.launch import launch
-    from worker.harness import resolve_rank_device
+    from worker.harness import Timing, resolve_rank_device
 
     device = resolve_rank_device(p.device, p.world_size)
     per_rank = launch(allreduce_rank, p.world_size, args=({**p.model_dump(), "device": device},), device=device,
                       timeout_s=1800)
     r0 = per_rank[0]
-    return {k: r0[k] for k in ("median_ms", "p20_ms", "p80_ms", "mean_ms", "std_ms", "min_ms", "samples", "bytes",
-                               "algbw_gbps", "busbw_gbps", "backend")} | {"world_size": p.world_size}
+    t = Timing.from_samples(r0["samples_ms"])
+    algbw = r0["bytes"] / (t.median_ms * 1e-3) / 1e9  # GB/s
+    return {**t.as_dict(), "bytes": r0["bytes"], "algbw_gbps": algbw,
+            "busbw_gbps": algbw * 2 * (p.world_size - 1) / p.world_size, "backend": r0["backend"],
+            "world_size": p.world_size}

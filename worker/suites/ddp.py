@@ -44,21 +44,23 @@ class Params(SuiteParams):
 def run(p: Params, ctx) -> dict:
     from parallel.bench import train_step_rank
     from parallel.launch import launch
-    from worker.harness import resolve_rank_device
+    from worker.harness import Timing, resolve_rank_device
 
     device = resolve_rank_device(p.device, p.world_size)
     cfg = {**p.model_dump(), "device": device, "attention": "sdpa"}
     ctx.progress(f"launching {p.world_size} ranks ({device})")
     per_rank = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
     r0 = per_rank[0]
+    t, base = Timing.from_samples(r0["samples_ms"]), Timing.from_samples(r0["nocomm_samples_ms"])
+    median = lambda xs: Timing.from_samples(xs).median_ms if xs else None  # noqa: E731
     mem = r0["memory"]
     return {
-        **{k: r0[k] for k in ("median_ms", "p20_ms", "p80_ms", "mean_ms", "std_ms", "min_ms", "samples")},
-        "slowest_rank_median_ms": max(r["median_ms"] for r in per_rank),
-        "nocomm_median_ms": r0["nocomm_median_ms"],
-        "overhead": r0["overhead"],
-        "comm_ms": r0["comm_ms"],
-        "wait_ms": r0["wait_ms"],
+        **t.as_dict(),
+        "slowest_rank_median_ms": max(Timing.from_samples(r["samples_ms"]).median_ms for r in per_rank),
+        "nocomm_median_ms": base.median_ms,
+        "overhead": t.median_ms / base.median_ms,
+        "comm_ms": median(r0["comm_samples_ms"]),
+        "wait_ms": median(r0["wait_samples_ms"]),
         "memory_per_rank": mem.get("before_step"),
         "memory_after_construction": mem.get("after_construction"),
         "memory_after_step": mem.get("after_step"),
