@@ -204,7 +204,8 @@ class BucketedDDP(_DDPBase):
             b.work = None
 
     def _on_grad(self, p: nn.Parameter) -> None:
-        bucket, _ = self._bucket_of[id(p)]
+        bucket, offset = self._bucket_of[id(p)]
+        self._stage(bucket, p, offset)
         bucket.ready.add(id(p))
         # launch, in order, every bucket that is complete and whose predecessors are launched
         while self._next_launch < len(self.buckets):
@@ -213,22 +214,32 @@ class BucketedDDP(_DDPBase):
                 break
             self._launch(b)
 
-    def _launch(self, b: _Bucket) -> None:
-        """Fill the bucket (grad / world_size, while it is hot in cache) and start its all-reduce."""
+    def _stage(self, b: _Bucket, p: nn.Parameter, offset: int) -> None:
+        """Put p's gradient, scaled by 1/N, into its bucket as soon as it exists (while it is hot in cache)."""
         inv = 1.0 / self.world_size
-        if len(b.params) == 1 and b.params[0].grad is not None:
-            b.buffer = b.params[0].grad.mul_(inv)  # a one-parameter bucket reduces the gradient in place
+        if len(b.params) == 1:
+            b.buffer = p.grad.mul_(inv)  # a one-parameter bucket reduces the gradient in place
+            return
+        if b.buffer is None:
+            b.buffer = torch.empty(b.numel, dtype=p.dtype, device=p.device)
+        dst = b.buffer[offset:offset + p.numel()]
+        if p.grad.data_ptr() != dst.data_ptr():  # unless .grad already is this view (grads not set to None)
+            torch.mul(p.grad.reshape(-1), inv, out=dst)
         else:
-            if b.buffer is None or b.buffer is b.params[0].grad:
+            dst.mul_(inv)
+
+    def _launch(self, b: _Bucket) -> None:
+        """Start the bucket's all-reduce; a parameter with no gradient on this rank contributes zeros."""
+        if len(b.params) == 1 and b.params[0].grad is None:
+            b.buffer = torch.zeros_like(b.params[0]).reshape(-1)
+        elif len(b.params) > 1:
+            if b.buffer is None:
                 b.buffer = torch.empty(b.numel, dtype=b.params[0].dtype, device=b.params[0].device)
             offset = 0
             for q in b.params:
-                n = q.numel()
-                if q.grad is not None:
-                    torch.mul(q.grad.reshape(-1), inv, out=b.buffer[offset:offset + n])
-                else:
-                    b.buffer[offset:offset + n].zero_()
-                offset += n
+                if id(q) not in b.ready:
+                    b.buffer[offset:offset + q.numel()].zero_()
+                offset += q.numel()
         if self._first_launch is None:
             self._first_launch = time.perf_counter()
         b.work = dist.all_reduce(b.buffer, async_op=True)
@@ -247,7 +258,10 @@ class BucketedDDP(_DDPBase):
         done = time.perf_counter()
         for b in self.buckets:
             b.work = None
-            if b.buffer is b.params[0].grad:  # reduced in place: already the average
+            if len(b.params) == 1:  # reduced in place (or zeros for a parameter with no gradient here)
+                q = b.params[0]
+                if q.grad is None:
+                    q.grad = b.buffer.view_as(q)
                 continue
             offset = 0
             for q in b.params:
