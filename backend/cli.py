@@ -231,7 +231,7 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
     settings = get_settings()
     with session(make_engine(settings)) as db:
         try:
-            sweep = import_results(db, lines, name, settings)
+            sweep = import_results(db, lines, name)
         except (ValueError, KeyError) as exc:
             console.print(f"[red]cannot import {path}:[/] {exc}")
             raise typer.Exit(2)

@@ -122,9 +122,9 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> str:
                 *[f"metric.{k}" for k in metric_keys], "error"])
     for r in rows:
         val = lambda v: json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)  # noqa: E731
+        first_error_line = (r["error"] or "").split("\n", 1)[0]
         w.writerow([r["job_id"], r["cell"], r["repeat"], r["state"], *[val(r["params"].get(k)) for k in param_keys],
-                    *[val(r["metrics"].get(k)) for k in metric_keys], (r["error"] or "").splitlines()[0:1][0]
-                    if r["error"] else ""])
+                    *[val(r["metrics"].get(k)) for k in metric_keys], first_error_line])
     return buf.getvalue()
 
 
@@ -229,12 +229,16 @@ def apply_event(db: Session, event: dict[str, Any]) -> bool:
     return True
 
 
-def import_results(db: Session, lines: list[dict[str, Any]], name: str | None, settings: BackendSettings) -> Sweep:
+def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = None) -> Sweep:
     """Load a `benchlab run --out` file: a header line {"kind": "sweep", ...} then one {"kind": "cell", ...} per job."""
+    from worker.suites import suite_names
+
     header = next((ln for ln in lines if ln.get("kind") == "sweep"), None)
     cells = [ln for ln in lines if ln.get("kind") == "cell"]
     if header is None or not cells:
         raise ValueError("not a benchlab run file: it needs a 'sweep' header line and at least one 'cell' line")
+    if header.get("suite") not in suite_names():
+        raise ValueError(f"unknown suite {header.get('suite')!r} in the header; known: {', '.join(suite_names())}")
     sweep = Sweep(suite=header["suite"], name=name or header.get("name"), params=header.get("params", {}),
                   tags=header.get("tags") or {}, repeats=header.get("repeats", 1), source="import")
     db.add(sweep)

@@ -152,6 +152,9 @@ class FlatDDP(_DDPBase):
         self._finish_accounting(time.perf_counter() - t0)
 
 
+FIRST_BUCKET_BYTES = 1024 * 1024
+
+
 class _Bucket:
     def __init__(self, index: int, params: list[nn.Parameter]):
         self.index = index
@@ -184,12 +187,17 @@ class BucketedDDP(_DDPBase):
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
     def _make_buckets(self, cap_bytes: int) -> list[_Bucket]:
-        """Greedy in reverse registration order (roughly the order backward produces gradients)."""
+        """Greedy in reverse registration order (roughly the order backward produces gradients).
+
+        The first bucket is capped at 1 MiB (as torch DDP does), so the first all-reduce starts as soon
+        as the last layer's gradients exist instead of waiting for a whole bucket's worth of layers.
+        """
         buckets: list[list[nn.Parameter]] = []
         size = 0
         for p in reversed(self.params):
             nbytes = p.numel() * p.element_size()
-            if buckets and buckets[-1][0].dtype == p.dtype and size + nbytes <= cap_bytes:
+            cap = min(cap_bytes, FIRST_BUCKET_BYTES) if len(buckets) == 1 else cap_bytes
+            if buckets and buckets[-1][0].dtype == p.dtype and size + nbytes <= cap:
                 buckets[-1].append(p)
                 size += nbytes
             else:

@@ -243,8 +243,7 @@ def run(p: Params, ctx) -> dict:
         "device": device,
         "optimizer_impl": {"course": "course AdamW (kernels.optim)", "torch": "torch.optim.AdamW foreach",
                            "torch_fused": "torch.optim.AdamW fused", "sgd": "torch.optim.SGD"}[p.optimizer],
-        "dtype_note": "fp32 matmuls use TF32" if device.startswith("cuda") and
-        torch.backends.cuda.matmul.allow_tf32 and p.precision == "fp32" else None,
+        "fp32_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
     }
     if p.memory_detail:
         ctx.progress("counting saved tensors per block")
