@@ -173,13 +173,20 @@ def job_detail(db: Session, job: Job) -> dict[str, Any]:
             "history": [{"attempt": r.attempt, "state": r.state, "duration_s": r.duration_s} for r in results]}
 
 
+_ENV_IDS: dict[tuple[str, str], int] = {}  # (database url, digest) -> id: a fingerprint is looked up once
+
+
 def environment_id(db: Session, env: dict[str, Any] | None) -> int | None:
     """Store a fingerprint once; return its id."""
     if not env:
         return None
     digest = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:32]
+    key = (str(db.get_bind().url), digest)
+    if key in _ENV_IDS:
+        return _ENV_IDS[key]
     found = db.exec(select(Environment).where(Environment.digest == digest)).first()
     if found:
+        _ENV_IDS[key] = found.id
         return found.id
     e = Environment(digest=digest, data=env)
     db.add(e)
