@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query
-import json
-
 from fastapi.responses import Response
 
 from backend import service
@@ -42,12 +40,11 @@ def get_sweep(sweep_id: int, db: SessionDep) -> dict:
 @router.get("/{sweep_id}/results", dependencies=[ReadAuth])
 def get_results(sweep_id: int, db: SessionDep, format: str = Query("json", pattern="^(json|csv)$")):
     _get_sweep(db, sweep_id)
-    rows = service.result_rows(db, sweep_id)
     if format == "csv":
-        return Response(service.rows_to_csv(rows), media_type="text/csv",
+        return Response(service.rows_to_csv(service.result_rows(db, sweep_id)), media_type="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="sweep_{sweep_id}.csv"'})
-    # rows are plain JSON values already: skip FastAPI's per-field encoding (10,000 rows in ~100 ms, not ~1 s)
-    return Response(json.dumps(rows), media_type="application/json")
+    # the stored JSON is spliced into the answer unparsed: no per-row decode and re-encode
+    return Response(service.result_rows_json(db, sweep_id), media_type="application/json")
 
 
 @router.post("/{sweep_id}/retry", dependencies=[WriteAuth])

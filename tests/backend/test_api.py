@@ -145,3 +145,18 @@ def test_ddp_heads_must_divide_d_model(client):
     r = client.post("/api/sweeps", json={"suite": "ddp", "params": {"d_model": 100, "num_heads": 3}})
     assert r.status_code == 422 and "divisible" in r.text
     assert stored_sweeps(client) == 0
+
+
+def test_results_json_fast_path_equals_parsed_rows(client):
+    from backend import service
+
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}}).json()["id"]
+    with session(client.app_ref.state.engine) as db:
+        job = db.exec(select(Job).where(Job.sweep_id == sid)).first()
+        service.apply_event(db, {"type": "result", "job_id": job.id, "state": "failed", "attempt": 1,
+                                 "metrics": {"a": 1.5, "nested": {"b": [1, 2]}}, "error": 'quote " and \\n newline',
+                                 "env": {"torch": "t"}, "artifacts": [{"name": "x.json", "size": 3}], "duration_s": 0.1})
+        parsed = service.result_rows(db, sid)
+    fast = client.get(f"/api/sweeps/{sid}/results").json()
+    assert fast == parsed
+    assert fast[0]["metrics"]["nested"] == {"b": [1, 2]} and fast[1]["metrics"] == {} and fast[1]["artifacts"] == []
