@@ -79,8 +79,8 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
                     row=rr, col=cc)
         fig.update_xaxes(title_text=x, type="log" if log_x else None, row=rr, col=cc)
         fig.update_yaxes(title_text=y_title, type="log" if log_y else None, row=rr, col=cc)
-    fig.update_layout(title=title, height=max(360, 320 * nrows), margin=dict(t=70, l=60, r=20, b=50),
-                      legend=dict(orientation="h", y=-0.15))
+    fig.update_layout(title=title, height=max(380, 330 * nrows), margin=dict(t=70, l=60, r=20, b=90),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22 / nrows))
     return fig
 
 
