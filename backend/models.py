@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from sqlalchemy import JSON, Column
@@ -37,6 +38,8 @@ class SweepCreate(SQLModel):
 
 class Sweep(SweepBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
+    # names the sweep on the broker (cancellation marks): ids restart in every new database, uids don't
+    uid: str = Field(default_factory=lambda: uuid.uuid4().hex, index=True)
     created_at: float = Field(default_factory=time.time, index=True)
     cancelled_at: float | None = None
     source: str = "api"  # api | import

@@ -21,7 +21,7 @@ from backend.settings import BackendSettings
 
 
 def job_payload(job: Job, sweep: Sweep) -> dict[str, Any]:
-    return {"job_id": job.id, "sweep_id": sweep.id, "suite": sweep.suite, "params": job.params,
+    return {"job_id": job.id, "sweep_id": sweep.id, "sweep_uid": sweep.uid, "suite": sweep.suite, "params": job.params,
             "attempt": job.attempts, "timeout_s": sweep.timeout_s, "fresh": sweep.fresh_process}
 
 
@@ -167,7 +167,7 @@ def retry_sweep(db: Session, dispatcher: Dispatcher | None, sweep: Sweep) -> int
     if sweep.cancelled_at is not None and jobs:
         sweep.cancelled_at = None
         if dispatcher is not None:
-            dispatcher.cancels.uncancel(sweep.id)
+            dispatcher.cancels.uncancel(sweep.uid)
         db.add(sweep)
     db.add_all(jobs)
     db.commit()
@@ -179,7 +179,7 @@ def retry_sweep(db: Session, dispatcher: Dispatcher | None, sweep: Sweep) -> int
 def cancel_sweep(db: Session, dispatcher: Dispatcher | None, sweep: Sweep) -> int:
     """Mark the sweep cancelled on the broker (workers skip its queued jobs) and in the database."""
     if dispatcher is not None:
-        dispatcher.cancels.cancel(sweep.id)
+        dispatcher.cancels.cancel(sweep.uid)
     sweep.cancelled_at = time.time()
     jobs = db.exec(select(Job).where(Job.sweep_id == sweep.id, Job.state == "queued")).all()
     for j in jobs:

@@ -2,7 +2,9 @@
 
 The API marks a sweep cancelled; a worker checks the mark before it starts each job and reports
 the job `cancelled` instead of running it. Redis: a key per sweep. Embedded broker: a file per
-sweep in the broker's folder. A running job is not interrupted: its measurement is kept.
+sweep in the broker's folder. A running job is not interrupted: its measurement is kept. Sweeps
+are named by their uid (a random hex string), not their database id, so two deployments (or a
+fresh database) sharing a Redis never see each other's marks.
 """
 from __future__ import annotations
 
@@ -23,19 +25,24 @@ class CancelRegistry:
             self.folder = settings.broker_dir / "cancelled"
             self.folder.mkdir(parents=True, exist_ok=True)
 
-    def cancel(self, sweep_id: int) -> None:
-        if self._redis is not None:
-            self._redis.set(_KEY.format(sweep_id), "1", ex=30 * 24 * 3600)
-        else:
-            (self.folder / str(sweep_id)).touch()
+    def _name(self, sweep_uid: str) -> str:
+        if not sweep_uid or not all(c.isalnum() for c in sweep_uid):
+            raise ValueError(f"bad sweep uid {sweep_uid!r}")
+        return sweep_uid
 
-    def uncancel(self, sweep_id: int) -> None:
+    def cancel(self, sweep_uid: str) -> None:
         if self._redis is not None:
-            self._redis.delete(_KEY.format(sweep_id))
+            self._redis.set(_KEY.format(self._name(sweep_uid)), "1", ex=30 * 24 * 3600)
         else:
-            (self.folder / str(sweep_id)).unlink(missing_ok=True)
+            (self.folder / self._name(sweep_uid)).touch()
 
-    def is_cancelled(self, sweep_id: int) -> bool:
+    def uncancel(self, sweep_uid: str) -> None:
         if self._redis is not None:
-            return bool(self._redis.exists(_KEY.format(sweep_id)))
-        return (self.folder / str(sweep_id)).exists()
+            self._redis.delete(_KEY.format(self._name(sweep_uid)))
+        else:
+            (self.folder / self._name(sweep_uid)).unlink(missing_ok=True)
+
+    def is_cancelled(self, sweep_uid: str) -> bool:
+        if self._redis is not None:
+            return bool(self._redis.exists(_KEY.format(self._name(sweep_uid))))
+        return (self.folder / self._name(sweep_uid)).exists()

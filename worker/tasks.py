@@ -46,10 +46,10 @@ def register_tasks(app: Celery, settings: WorkerSettings) -> dict[str, Any]:
 
     @app.task(name=RUN_JOB_TASK, bind=True, acks_late=True)
     def run_job(self, job: dict[str, Any]) -> None:
-        job_id, sweep_id = job["job_id"], job["sweep_id"]
+        job_id, sweep_uid = job["job_id"], job["sweep_uid"]
         attempt = job.get("attempt", 1)
         worker = f"{hostname}:{self.request.hostname or ''}"
-        if state["cancel"].is_cancelled(sweep_id):
+        if state["cancel"].is_cancelled(sweep_uid):
             publish(app, {"type": "result", "job_id": job_id, "state": "cancelled", "metrics": {},
                           "error": "sweep was cancelled before this job started", "env": None,
                           "artifacts": [], "duration_s": 0.0, "worker": worker, "attempt": attempt})

@@ -116,7 +116,15 @@ def test_cancel_marks_queued_jobs(client):
     assert r.json()["cancelled"] == 3
     s = client.get(f"/api/sweeps/{sid}").json()
     assert s["status"] == "cancelled" and s["counts"]["cancelled"] == 3
-    assert client.app_ref.state.dispatcher.cancels.is_cancelled(sid)
+    with session(client.app_ref.state.engine) as db:
+        uid = db.get(Sweep, sid).uid
+    assert client.app_ref.state.dispatcher.cancels.is_cancelled(uid)
+    # a fresh database starts its ids at 1 again: its sweep 1 must not inherit this mark
+    other = create_app(BackendSettings(data_dir=client.app_ref.state.settings.data_dir / "other"), with_recorder=False)
+    with TestClient(other) as c2:
+        sid2 = c2.post("/api/sweeps", json={"suite": "noop", "params": {}}).json()["id"]
+        with session(other.state.engine) as db:
+            assert not client.app_ref.state.dispatcher.cancels.is_cancelled(db.get(Sweep, sid2).uid)
 
 
 def test_token_guards_writes_but_not_reads(tmp_path):

@@ -42,7 +42,6 @@ def test_ddp_suite_on_cpu(tmp_path, wrapper):
     assert mem["params"] > 0 and mem["grads"] > 0
     if wrapper != "torch_ddp":
         assert m["comm_ms"] is not None and m["wait_ms"] is not None
-    return m
 
 
 def test_zero1_holds_about_half_the_optimizer_state(tmp_path):
