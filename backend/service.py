@@ -7,7 +7,6 @@ import io
 import json
 import math
 import time
-from collections import Counter
 from typing import Any
 
 from sqlalchemy import Text, cast, func
@@ -293,10 +292,6 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
                       duration_s=c.get("duration_s"), env_id=env_id))
     db.commit()
     return sweep
-
-
-def count_states(rows: list[dict[str, Any]]) -> dict[str, int]:
-    return dict(Counter(r["state"] for r in rows))
 
 
 def progress_lines(db: Session, sweep_id: int) -> dict[int, str]:

@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-FINAL_STATES = ("done", "skipped", "failed", "oom", "timeout", "cancelled")
-
-
 @dataclass
 class Outcome:
     """How one cell ended: the state, its metrics or error, artifacts written, and where it ran."""
