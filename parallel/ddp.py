@@ -110,30 +110,41 @@ class _DDPBase(nn.Module):
         raise NotImplementedError
 
 
-class NaiveDDP(_DDPBase):
-    """One synchronous all-reduce per parameter after backward."""
+class _ReduceAfterBackward(_DDPBase):
+    """Synchronous variants: everything happens in finish_gradient_synchronization, timed as a whole."""
 
     def finish_gradient_synchronization(self) -> None:
         t0 = time.perf_counter()
         grads, used = self._grads_or_zeros()
-        for p, g in zip(self.params, grads):
-            dist.all_reduce(g)
-            g.div_(self.world_size)
-            p.grad = g
-            self._collectives += 1
-            self._bytes += g.numel() * g.element_size()
+        self._reduce(grads)
         _sync(self.device)
         self._comm_s = time.perf_counter() - t0
         self._drop_unused(used)
         self._finish_accounting(time.perf_counter() - t0)
 
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
+        """Average `grads` (one per self.params, zeros where this rank has none) and set them as .grad."""
+        raise NotImplementedError
 
-class FlatDDP(_DDPBase):
+    def _count(self, t: torch.Tensor) -> None:
+        self._collectives += 1
+        self._bytes += t.numel() * t.element_size()
+
+
+class NaiveDDP(_ReduceAfterBackward):
+    """One synchronous all-reduce per parameter after backward."""
+
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
+        for p, g in zip(self.params, grads):
+            dist.all_reduce(g)
+            p.grad = g.div_(self.world_size)
+            self._count(g)
+
+
+class FlatDDP(_ReduceAfterBackward):
     """All gradients flattened into one buffer per dtype, one all-reduce each, after backward."""
 
-    def finish_gradient_synchronization(self) -> None:
-        t0 = time.perf_counter()
-        grads, used = self._grads_or_zeros()
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
         by_dtype: dict[torch.dtype, list[int]] = {}
         for i, g in enumerate(grads):
             by_dtype.setdefault(g.dtype, []).append(i)
@@ -144,12 +155,7 @@ class FlatDDP(_DDPBase):
             flat.div_(self.world_size)
             for i, synced in zip(idx, _unflatten_dense_tensors(flat, ts)):
                 self.params[i].grad = synced
-            self._collectives += 1
-            self._bytes += flat.numel() * flat.element_size()
-        _sync(self.device)
-        self._comm_s = time.perf_counter() - t0
-        self._drop_unused(used)
-        self._finish_accounting(time.perf_counter() - t0)
+            self._count(flat)
 
 
 FIRST_BUCKET_BYTES = 1024 * 1024
