@@ -2,12 +2,12 @@
 
 Layout. Every tensor is viewed as (Z, H, N, D) with its own four strides, so 3D and 4D inputs
 and non-contiguous views (a transposed head axis, a slice) are read in place, without a copy.
-One program owns one tile of rows of one (z, h) pair:
+One program owns one tile of rows of one (z, h) pair (grids are (Z*H, tiles), see _program_ids):
 
-  forward   grid (cdiv(n_q, BLOCK_M), Z*H): a query tile loops over key tiles with an online
+  forward   cdiv(n_q, BLOCK_M) tiles: a query tile loops over key tiles with an online
             softmax in base 2 (scores scaled by 1/sqrt(d) * log2(e), so exp becomes exp2).
-  dK, dV    grid (cdiv(n_k, BLOCK_N), Z*H): a key tile loops over query tiles.
-  dQ        grid (cdiv(n_q, BLOCK_M), Z*H): a query tile loops over key tiles.
+  dK, dV    cdiv(n_k, BLOCK_N) tiles: a key tile loops over query tiles.
+  dQ        cdiv(n_q, BLOCK_M) tiles: a query tile loops over key tiles.
 
 No atomics: each program writes only its own rows. The one tensor saved for backward besides
 the inputs and O is L = logsumexp of the scaled scores (natural log, fp32, shaped q.shape[:-1]).
@@ -21,6 +21,7 @@ HBM traffic per query tile pass, i.e. arithmetic intensity ~ BLOCK_M FLOP/byte: 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -30,6 +31,21 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
+
+
+@triton.jit
+def _program_ids(TILE_MAJOR: tl.constexpr):
+    """(tile index, z*h index, number of tiles) of this program.
+
+    TILE_MAJOR puts (z, h) on grid axis 0, which the GPU dispatches fastest, so tile 0 of every
+    head starts before tile 1 of any: with causal masking (tiles of unequal work, heaviest first)
+    that is longest-job-first over the whole grid, not per head, and leaves no heavy tile of the
+    last head as a tail. It also lifts the 65535 limit of grid axis 1 off batch x heads.
+    """
+    if TILE_MAJOR:
+        return tl.program_id(1), tl.program_id(0), tl.num_programs(1)
+    else:
+        return tl.program_id(0), tl.program_id(1), tl.num_programs(0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -83,11 +99,10 @@ def _fwd_kernel(Q, K, V, O, L,
                 IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                INPUT_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
+                INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
+    pid_m, pid_zh, n_tiles = _program_ids(TILE_MAJOR)
     if IS_CAUSAL:  # the last query tiles see the most keys: start them first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_zh = tl.program_id(1)
+        pid_m = n_tiles - 1 - pid_m
     z = pid_zh // H
     h = pid_zh % H
     start_m = pid_m * BLOCK_M
@@ -149,8 +164,8 @@ def _bwd_preprocess(O, DO, Delta,
                     H, n_q,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """Delta_i = rowsum(O_i * dO_i) in fp32 (equals rowsum(P * dP), used by both gradient kernels)."""
-    pid_m = tl.program_id(0)
-    pid_zh = tl.program_id(1)
+    pid_zh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     z = pid_zh // H
     h = pid_zh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -218,9 +233,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                      IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                     INPUT_PRECISION: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_zh = tl.program_id(1)
+                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
+    pid_n, pid_zh, n_tiles = _program_ids(TILE_MAJOR)  # causal: key tile 0 sees the most queries
     z = pid_zh // H
     h = pid_zh % H
     start_n = pid_n * BLOCK_N
@@ -322,11 +336,10 @@ def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
                    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                   INPUT_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_zh = tl.program_id(1)
+                   INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
+    pid_m, pid_zh, n_tiles = _program_ids(TILE_MAJOR)
+    if IS_CAUSAL:  # as in forward: the last query tiles are the heaviest
+        pid_m = n_tiles - 1 - pid_m
     z = pid_zh // H
     h = pid_zh % H
     start_m = pid_m * BLOCK_M
@@ -497,18 +510,50 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 # Set to False to skip autotuning on GPU (each kernel then takes the first config of its space that
 # fits in shared memory): much faster cold starts, e.g. for a test matrix of many shapes.
 AUTOTUNE = True
+# Grid order (see _program_ids). False restores the per-head order, kept for comparison.
+TILE_MAJOR = True
+_PINNED: dict[str, triton.Config] = {}
+
+
+@contextlib.contextmanager
+def pinned_configs(**configs: triton.Config):
+    """Run the named kernels (fwd, dkdv, dq) with a fixed config instead of autotuning (GPU only).
+
+    Used by the tuning benchmark to time one config at a time; a config that does not fit in
+    shared memory fails at launch.
+    """
+    unknown = set(configs) - {"fwd", "dkdv", "dq"}
+    if unknown:
+        raise ValueError(f"unknown kernel(s) {sorted(unknown)}; expected fwd, dkdv, dq")
+    saved = dict(_PINNED)
+    _PINNED.update(configs)
+    try:
+        yield
+    finally:
+        _PINNED.clear()
+        _PINNED.update(saved)
 
 
 def _launch_config(kernel_tuned, kernel_fixed, which: str, q: torch.Tensor, head_dim: int):
-    """On GPU, the autotuned kernel (or the first fitting config); on CPU (the interpreter), a small fixed tile."""
+    """On GPU, the pinned config, else the autotuned kernel (or the first fitting config);
+    on CPU (the interpreter), a small fixed tile."""
     if q.device.type == "cuda":
-        if AUTOTUNE:
+        cfg = _PINNED.get(which)
+        if cfg is None and AUTOTUNE:
             return kernel_tuned, {}
-        space = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[which]
-        cfg = _pruner(which)(space, {"Q": q}, HEAD_DIM=head_dim)[0]
+        if cfg is None:
+            space = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[which]
+            cfg = _pruner(which)(space, {"Q": q}, HEAD_DIM=head_dim)[0]
         return kernel_fixed, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     bm, bn = CPU_CONFIG[which]
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
+
+
+def _grid(n_rows: int, block: str, zh: int):
+    """Launch grid over cdiv(n_rows, meta[block]) tiles and zh (batch x heads) in TILE_MAJOR order."""
+    if TILE_MAJOR:
+        return lambda meta: (zh, triton.cdiv(n_rows, meta[block]))
+    return lambda meta: (triton.cdiv(n_rows, meta[block]), zh)
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -536,12 +581,11 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     sm_scale = 1.0 / math.sqrt(d)
     block_d = max(16, triton.next_power_of_2(d))
     kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q, d)
-    grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), Z * H)  # noqa: E731
-    kernel[grid](q4, k4, v4, o4, lse,
+    kernel[_grid(n_q, "BLOCK_M", Z * H)](q4, k4, v4, o4, lse,
                  *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
                  H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)),
                  IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d,
-                 INPUT_PRECISION=_precision(q.dtype, fp32_precision), **fixed)
+                 INPUT_PRECISION=_precision(q.dtype, fp32_precision), TILE_MAJOR=TILE_MAJOR, **fixed)
     return out, lse
 
 
@@ -564,23 +608,25 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
 
     delta = torch.empty_like(lse)
     pre_block = 64
-    _bwd_preprocess[(triton.cdiv(n_q, pre_block), Z * H)](
+    _bwd_preprocess[(Z * H, triton.cdiv(n_q, pre_block))](
         o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
 
     kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q, d)
-    kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), Z * H)](
+    kernel[_grid(n_k, "BLOCK_N", Z * H)](
         q4, k4, v4, do4, lse, delta, dk4, dv4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
         H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
-        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision, **fixed)
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
+        TILE_MAJOR=TILE_MAJOR, **fixed)
 
     kernel, fixed = _launch_config(_dq_tuned, _dq, "dq", q, d)
-    kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), Z * H)](
+    kernel[_grid(n_q, "BLOCK_M", Z * H)](
         q4, k4, v4, do4, lse, delta, dq4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dq4),
         H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
-        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision, **fixed)
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
+        TILE_MAJOR=TILE_MAJOR, **fixed)
     return dq, dk, dv
 
 

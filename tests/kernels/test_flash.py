@@ -137,6 +137,35 @@ def test_bad_inputs_are_named(bad, msg):
         FlashAttentionTriton.apply(*bad(q, k, v), False)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_grid_order_does_not_change_results(monkeypatch, causal):
+    # tile-major and head-major grids visit the same tiles; every output and gradient is bit-identical
+    import kernels.flash_triton as ft
+
+    q, k, v, do = _inputs((2, 3, 45, 16), (2, 3, 45, 16))
+    results = []
+    for tile_major in (True, False):
+        monkeypatch.setattr(ft, "TILE_MAJOR", tile_major)
+        results.append(_run(FlashAttentionTriton, q, k, v, do, causal, torch.float32))
+    for a, b in zip(results[0], results[1]):
+        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+            assert torch.equal(x, y)
+
+
+def test_pinned_configs_rejects_unknown_kernel_and_restores():
+    import triton
+
+    import kernels.flash_triton as ft
+
+    cfg = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+    with pytest.raises(ValueError, match="bwd"):
+        with ft.pinned_configs(bwd=cfg):
+            pass
+    with ft.pinned_configs(dq=cfg):
+        assert ft._PINNED == {"dq": cfg}
+    assert ft._PINNED == {}
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU: bf16, long sequences, unwritten elements
 # ----------------------------------------------------------------------------------------------
@@ -174,6 +203,19 @@ def test_gpu_fp32_ieee_is_tight(fixed_tiles):
     ref = naive_attention(q, k, v, True)
     out = FlashAttentionTriton.apply(q.float().cuda(), k.float().cuda(), v.float().cuda(), True, "ieee")
     assert _rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["fwd", "dkdv", "dq"])
+def test_gpu_every_shipped_config_is_exact(which):
+    # autotuning may pick any config of a space on some shape: each must be right on ragged tiles
+    import kernels.flash_triton as ft
+
+    space = {"fwd": ft.FWD_CONFIGS, "dkdv": ft.DKDV_CONFIGS, "dq": ft.DQ_CONFIGS}[which]
+    for cfg in space:
+        with ft.pinned_configs(**{which: cfg}):
+            _check(FlashAttentionTriton, (2, 2, 1000, 64), (2, 2, 1000, 64), True, torch.bfloat16)
+            _check(FlashAttentionTriton, (1, 2, 333, 128), (1, 2, 333, 128), False, torch.float16)
 
 
 @pytest.mark.gpu

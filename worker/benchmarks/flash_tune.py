@@ -1,0 +1,196 @@
+"""Tile search for the Triton FlashAttention-2 kernels on one shape, one kernel at a time (GPU).
+
+For each kernel (fwd, dkdv, dq) every (BLOCK_M, BLOCK_N, num_warps, num_stages) of a wide space
+that fits in shared memory is pinned in turn and timed on its own pass: the forward alone, or the
+whole backward with the other backward kernel held at one fixed config (so the differences are
+the swept kernel's). Compiles run first in parallel worker processes (they fill Triton's on-disk
+cache); the timing runs after, in one process. The best of each kernel is then timed together
+against the autotuned path, in both grid orders.
+
+    python -m worker.benchmarks.flash_tune --shape 16,16384,64 --causal --out docs/results/h200/flash_tune.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+KERNELS = ("fwd", "dkdv", "dq")
+
+
+def space(kernel: str) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, warps, stages) candidates; the diagonal needs the row tile to divide evenly."""
+    out = []
+    for bm, bn, w, st in itertools.product((16, 32, 64, 128, 256), (16, 32, 64, 128), (4, 8), (2, 3, 4, 5)):
+        if kernel == "dkdv":
+            ok = bn % bm == 0 and bn >= 64 and bm >= 16 and bn * bm >= 64 * 32
+        else:
+            ok = bm % bn == 0 and bm >= 64 and bn >= 32 and bm * bn <= 128 * 128
+        if ok and not (w == 8 and bm * bn < 64 * 64) and not (bm == 256 and w == 4):
+            out.append((bm, bn, w, st))
+    return out
+
+
+def _inputs(shape, dtype_name: str, seed: int = 0):
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    return q, k, v, do
+
+
+def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str):
+    """A zero-argument function running the pass that exercises `kernel` with `cfg` pinned."""
+    import triton
+
+    from kernels import flash_triton as ft
+
+    q, k, v, do = _inputs(shape, dtype_name)
+    pins = dict(base)
+    if cfg is not None:
+        bm, bn, w, st = cfg
+        pins[kernel] = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+    if kernel == "fwd":
+        def run():
+            with ft.pinned_configs(**pins):
+                ft.flash_attention_forward(q, k, v, causal)
+        return run
+    with ft.pinned_configs(**{n: c for n, c in pins.items() if n == "fwd"}):
+        o, lse = ft.flash_attention_forward(q, k, v, causal)
+
+    def run():
+        with ft.pinned_configs(**pins):
+            ft.flash_attention_backward(q, k, v, o, lse, do, causal)
+    return run
+
+
+def _base_pins():
+    """The fixed config held by the kernels not being swept: the first of each shipped space."""
+    from kernels import flash_triton as ft
+
+    return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0]}
+
+
+def _compile_one(job) -> tuple[str, tuple, str | None]:
+    kernel, cfg, shape, causal, dtype_name = job
+    import torch
+
+    try:
+        _pass_fn(kernel, cfg, _base_pins(), shape, causal, dtype_name)()
+        torch.cuda.synchronize()
+        return kernel, cfg, None
+    except Exception as exc:  # noqa: BLE001 - a config that fails to compile is a recorded result
+        return kernel, cfg, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="16,16384,64", help="comma-separated q shape, e.g. 16,16384,64 or 1,16,8192,128")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--kernels", default=",".join(KERNELS))
+    ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="parallel compile processes")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton
+
+    from kernels import flash_triton as ft
+    from kernels.flops import attention_flops
+    from worker.harness import fingerprint, measure
+
+    shape = tuple(int(x) for x in args.shape.split(","))
+    kernels = [k for k in args.kernels.split(",") if k]
+    for k in kernels:
+        if k not in KERNELS:
+            ap.error(f"unknown kernel {k!r}; choose from {', '.join(KERNELS)}")
+    d = shape[-1]
+    elem = {"bf16": 2, "fp16": 2, "fp32": 4}[args.dtype]
+    jobs = []
+    for k in kernels:
+        for cfg in space(k):
+            c = triton.Config({"BLOCK_M": cfg[0], "BLOCK_N": cfg[1]}, num_warps=cfg[2], num_stages=cfg[3])
+            if ft._smem_estimate(c, d, elem, k) <= ft.SMEM_BUDGET:
+                jobs.append((k, cfg, shape, args.causal, args.dtype))
+    print(f"{len(jobs)} configs to compile with {args.jobs} processes", flush=True)
+
+    failed: dict[tuple, str] = {}
+    with ProcessPoolExecutor(args.jobs, mp_context=__import__("multiprocessing").get_context("spawn")) as pool:
+        for i, (k, cfg, err) in enumerate(pool.map(_compile_one, jobs), 1):
+            if err:
+                failed[(k, cfg)] = err
+            if i % 20 == 0:
+                print(f"  compiled {i}/{len(jobs)}", flush=True)
+
+    b = shape[0]
+    h = shape[1] if len(shape) == 4 else 1
+    s = shape[-2]
+    flops = {"fwd": attention_flops(b, h, s, s, d, args.causal, "fwd"),
+             "bwd": attention_flops(b, h, s, s, d, args.causal, "bwd"),
+             "fwd_bwd": attention_flops(b, h, s, s, d, args.causal, "fwd_bwd")}
+    base = _base_pins()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    best: dict[str, tuple[float, tuple]] = {}
+    with args.out.open("w") as f:
+        head = {"kind": "env", **fingerprint(args.commit), "shape": list(shape), "causal": args.causal,
+                "dtype": args.dtype, "base": {n: [c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages]
+                                             for n, c in base.items()}}
+        f.write(json.dumps(head) + "\n")
+        for k, cfg, *_ in jobs:
+            row = {"kind": "config", "kernel": k, "BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "warps": cfg[2], "stages": cfg[3]}
+            if (k, cfg) in failed:
+                row["error"] = failed[(k, cfg)]
+            else:
+                try:
+                    t = measure(_pass_fn(k, cfg, base, shape, args.causal, args.dtype), warmup=2,
+                                repeats=args.repeats, device="cuda")
+                    row["ms"] = t.median_ms
+                    row["p20_ms"], row["p80_ms"] = t.p20_ms, t.p80_ms
+                    scope = "fwd" if k == "fwd" else "bwd"
+                    row["scope"] = scope
+                    row["tflops"] = flops[scope] / (t.median_ms * 1e-3) / 1e12
+                    if k not in best or t.median_ms < best[k][0]:
+                        best[k] = (t.median_ms, cfg)
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                torch.cuda.empty_cache()
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(json.dumps(row), flush=True)
+
+        # the winners together, against the shipped autotuned path, in both grid orders
+        pins = {k: triton.Config({"BLOCK_M": c[0], "BLOCK_N": c[1]}, num_warps=c[2], num_stages=c[3])
+                for k, (_, c) in best.items()}
+        q, k_, v, do = _inputs(shape, args.dtype)
+        for q_ in (q, k_, v):
+            q_.requires_grad_(True)
+
+        def fwd_bwd():
+            q.grad = k_.grad = v.grad = None
+            ft.FlashAttentionTriton.apply(q, k_, v, args.causal).backward(do)
+
+        for label, ctx_pins in (("best_pinned", pins), ("autotuned", {})):
+            for tile_major in (True, False):
+                ft.TILE_MAJOR = tile_major
+                with ft.pinned_configs(**ctx_pins):
+                    t = measure(fwd_bwd, warmup=3, repeats=args.repeats * 2, device="cuda")
+                row = {"kind": "total", "label": label, "tile_major": tile_major, "fwd_bwd_ms": t.median_ms,
+                       "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
+                       "tflops": flops["fwd_bwd"] / (t.median_ms * 1e-3) / 1e12,
+                       "pins": {n: list(c) for n, (_, c) in best.items()} if ctx_pins else None}
+                f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+        ft.TILE_MAJOR = True
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
