@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--pin", action="append", default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
+                    help="take this config for KERNEL instead of sweeping it (repeatable)")
     args = ap.parse_args(argv)
 
     import torch
@@ -112,6 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     for k in kernels:
         if k not in KERNELS:
             ap.error(f"unknown kernel {k!r}; choose from {', '.join(KERNELS)}")
+    best: dict[str, tuple[float, tuple]] = {}
+    for pin in args.pin:
+        name, _, cfg_text = pin.partition("=")
+        try:
+            cfg = tuple(int(x) for x in cfg_text.split(","))
+        except ValueError:
+            cfg = ()
+        if name not in KERNELS or len(cfg) != 4:
+            ap.error(f"--pin {pin!r}: expected KERNEL=BM,BN,WARPS,STAGES with KERNEL one of {', '.join(KERNELS)}")
+        best[name] = (0.0, cfg)
+    kernels = [k for k in kernels if k not in best]
     d = shape[-1]
     elem = {"bf16": 2, "fp16": 2, "fp32": 4}[args.dtype]
     jobs = []
@@ -123,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(jobs)} configs to compile with {args.jobs} processes", flush=True)
 
     failed: dict[tuple, str] = {}
-    with ProcessPoolExecutor(args.jobs, mp_context=__import__("multiprocessing").get_context("spawn")) as pool:
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for i, (k, cfg, err) in enumerate(pool.map(_compile_one, jobs), 1):
             if err:
                 failed[(k, cfg)] = err
@@ -138,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
              "fwd_bwd": attention_flops(b, h, s, s, d, args.causal, "fwd_bwd")}
     base = _base_pins()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    best: dict[str, tuple[float, tuple]] = {}
     with args.out.open("w") as f:
         head = {"kind": "env", **fingerprint(args.commit), "shape": list(shape), "causal": args.causal,
                 "dtype": args.dtype, "base": {n: [c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages]
@@ -189,7 +202,44 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
         ft.TILE_MAJOR = True
+
+        # where the forward+backward time goes with the winners pinned: each pass alone, and the
+        # kernels' device time inside the timed loop (the rest of the wall time is launch gaps)
+        with ft.pinned_configs(**pins):
+            t_fwd = measure(lambda: ft.flash_attention_forward(q.detach(), k_.detach(), v.detach(), args.causal),
+                            warmup=3, repeats=args.repeats, device="cuda")
+            o, lse = ft.flash_attention_forward(q.detach(), k_.detach(), v.detach(), args.causal)
+            t_bwd = measure(lambda: ft.flash_attention_backward(q.detach(), k_.detach(), v.detach(), o, lse, do,
+                                                                args.causal),
+                            warmup=3, repeats=args.repeats, device="cuda")
+            kernels_ms = _kernel_times(fwd_bwd, iters=10)
+        row = {"kind": "parts", "fwd_ms": t_fwd.median_ms, "bwd_ms": t_bwd.median_ms, "kernels_ms_per_iter": kernels_ms,
+               "kernels_sum_ms": sum(kernels_ms.values())}
+        f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
     return 0
+
+
+def _kernel_times(fn, iters: int) -> dict[str, float]:
+    """Mean device time per call of each CUDA kernel that `fn` launches, from the PyTorch profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for ev in prof.key_averages():
+        dev_us = getattr(ev, "device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(ev, "cuda_time_total", 0.0)
+        if dev_us and ev.key and not ev.key.startswith("ProfilerStep"):
+            totals[ev.key[:80]] = dev_us / 1000.0 / iters
+    # keep kernels only: drop the aten/autograd ops whose device time double-counts their kernels
+    return {k: v for k, v in sorted(totals.items(), key=lambda kv: -kv[1]) if not k.startswith(("aten::", "autograd::"))}
 
 
 if __name__ == "__main__":
