@@ -213,11 +213,33 @@ def main(argv: list[str] | None = None) -> int:
                                                                 args.causal),
                             warmup=3, repeats=args.repeats, device="cuda")
             kernels_ms = _kernel_times(fwd_bwd, iters=10)
+            t_noflush = measure(fwd_bwd, warmup=3, repeats=args.repeats, device="cuda", flush_l2=False)
+            loop_ms, host_ms = _loop_and_host_ms(fwd_bwd, iters=args.repeats)
         row = {"kind": "parts", "fwd_ms": t_fwd.median_ms, "bwd_ms": t_bwd.median_ms, "kernels_ms_per_iter": kernels_ms,
-               "kernels_sum_ms": sum(kernels_ms.values())}
+               "kernels_sum_ms": sum(kernels_ms.values()), "fwd_bwd_no_l2_flush_ms": t_noflush.median_ms,
+               "fwd_bwd_back_to_back_ms": loop_ms, "fwd_bwd_host_ms": host_ms}
         f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
     return 0
+
+
+def _loop_and_host_ms(fn, iters: int) -> tuple[float, float]:
+    """(device ms per call over `iters` back-to-back calls, median host ms to issue one call)."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = []
+    start.record()
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters, sorted(host)[len(host) // 2]
 
 
 def _kernel_times(fn, iters: int) -> dict[str, float]:
