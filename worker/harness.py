@@ -194,7 +194,8 @@ def _driver_version() -> str | None:
 def fingerprint(commit: str | None = None) -> dict[str, Any]:
     """Where a number was measured: host, GPU, driver, CUDA, torch, triton, Python, git commit.
 
-    `commit` is used when git cannot tell (a GPU host that got a copy of the tree without .git).
+    `commit`, when given (BENCHLAB_COMMIT or a benchmark's --commit), wins over what git reports:
+    a GPU host may get a copy of the tree whose .git still points at an older commit.
     """
     import torch
 
@@ -219,5 +220,5 @@ def fingerprint(commit: str | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton_version,
         "python": sys.version.split()[0],
-        "git_commit": git_commit() or commit,
+        "git_commit": commit or git_commit(),
     }

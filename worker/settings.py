@@ -18,7 +18,7 @@ class WorkerSettings(BaseSettings):
     runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
     api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with the API")
     api_token: str | None = Field(None, description="bearer token for writes to the API")
-    commit: str | None = Field(None, description="git commit to record when the worker's tree has no .git")
+    commit: str | None = Field(None, description="git commit to record; wins over git (a copied tree may carry a stale .git)")
 
     @property
     def resolved_data_dir(self) -> Path:

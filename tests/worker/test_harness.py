@@ -40,3 +40,11 @@ def test_oom_on_cpu_allocator_is_classified():
         assert is_oom(exc), repr(exc)
     else:
         pytest.skip("the allocator accepted an exabyte")
+
+
+def test_fingerprint_prefers_the_given_commit_over_git():
+    # a GPU host may get a tree whose .git is stale: an explicit commit must be what is recorded
+    from worker.harness import fingerprint, git_commit
+
+    assert fingerprint("abc1234")["git_commit"] == "abc1234"
+    assert fingerprint(None)["git_commit"] == git_commit()
