@@ -14,7 +14,8 @@ the inputs and O is L = logsumexp of the scaled scores (natural log, fp32, shape
 
 Causal (query i sees key j <= i, aligned at the top-left): key tiles wholly right of the diagonal
 are never visited, tiles wholly left of it run without any mask, and only the tiles that cross
-the diagonal (or the ragged last tile) pay for the mask. Heavier query tiles are launched first.
+the diagonal (or the ragged last tile) pay for the mask. Heavier tiles are launched first: per
+head, or across all heads when K and V are small enough to share the L2 (see _tile_major).
 
 Cost per (z, h): forward 4*n_q*n_k*d FLOPs (half when causal) over 2*(n_q + 2*n_k)*d*bytes of
 HBM traffic per query tile pass, i.e. arithmetic intensity ~ BLOCK_M FLOP/byte: compute bound.
@@ -410,15 +411,16 @@ def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
-# Ordered by the tile search on the H200 (worker/benchmarks/flash_tune.py, docs/results/h200/
-# flash_tune_*.jsonl): the first fitting config is the d=64 winner, the next ones win at d=128 or
-# keep smaller tiles for short sequences and small head dims.
+# The first config of each space is the d=64 winner of the tile search on the H200
+# (worker/benchmarks/flash_tune.py, docs/results/h200/flash_tune_*.jsonl); the next ones are the
+# d=128 winners and the configs autotuning picked on the main grid before that search, plus small
+# tiles for short sequences and small head dims. At most 7 per kernel: a cold key tunes in seconds.
 FWD_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(256, 64, 8, 3), _cfg(128, 64, 4, 3),
                _cfg(128, 128, 8, 3), _cfg(64, 32, 4, 2)]
-DKDV_CONFIGS = [_cfg(32, 64, 4, 3), _cfg(64, 128, 8, 4), _cfg(32, 128, 4, 4), _cfg(64, 64, 4, 2),
-                _cfg(32, 64, 4, 5), _cfg(16, 64, 4, 2)]
-DQ_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 32, 8, 3), _cfg(64, 32, 4, 2), _cfg(128, 64, 8, 4),
-              _cfg(256, 64, 8, 4), _cfg(64, 16, 4, 2)]
+DKDV_CONFIGS = [_cfg(32, 64, 4, 3), _cfg(64, 128, 8, 4), _cfg(64, 128, 8, 3), _cfg(32, 128, 4, 3),
+                _cfg(32, 128, 4, 4), _cfg(64, 64, 4, 2), _cfg(16, 64, 4, 2)]
+DQ_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 32, 8, 3), _cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3),
+              _cfg(64, 32, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 16, 4, 2)]
 
 SMEM_BUDGET = 200 * 1024  # bytes; the H100/H200 give a block up to 227 KiB of shared memory
 
@@ -514,8 +516,14 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 # Set to False to skip autotuning on GPU (each kernel then takes the first config of its space that
 # fits in shared memory): much faster cold starts, e.g. for a test matrix of many shapes.
 AUTOTUNE = True
-# Grid order (see _program_ids). False restores the per-head order, kept for comparison.
-TILE_MAJOR = True
+# Grid order (see _program_ids). None picks per call (_tile_major); True / False force one order.
+TILE_MAJOR: bool | None = None
+# Tile-major order runs every (z, h) at once, so the K and V of all heads compete for the L2 (50 MB
+# on the H100/H200). Measured on the H200: causal (16, 16384, 64), 64 MiB of K+V, ran 3-7% faster
+# tile-major; on the main grid's shapes, 128 MiB of K+V, the forward ran up to 28% slower with it
+# (same or more configs to pick from). Non-causal tiles are all equal work, so order can only cost
+# locality there. The threshold sits between the two measured footprints.
+TILE_MAJOR_MAX_KV_BYTES = 96 * 2**20
 _PINNED: dict[str, triton.Config] = {}
 
 
@@ -553,9 +561,20 @@ def _launch_config(kernel_tuned, kernel_fixed, which: str, q: torch.Tensor, head
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
 
 
-def _grid(n_rows: int, block: str, zh: int):
-    """Launch grid over cdiv(n_rows, meta[block]) tiles and zh (batch x heads) in TILE_MAJOR order."""
-    if TILE_MAJOR:
+def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Grid order for one call: TILE_MAJOR if forced, else tile-major for causal calls whose K and V fit
+    the L2-scale budget TILE_MAJOR_MAX_KV_BYTES."""
+    if TILE_MAJOR is not None:
+        return bool(TILE_MAJOR)
+    return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
+
+
+def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
+    """Launch grid over cdiv(n_rows, meta[block]) tiles and zh (batch x heads), in the given order.
+
+    Head-major puts zh on grid axis 1, which allows at most 65535; larger zh always goes tile-major.
+    """
+    if tile_major:
         return lambda meta: (zh, triton.cdiv(n_rows, meta[block]))
     return lambda meta: (triton.cdiv(n_rows, meta[block]), zh)
 
@@ -585,11 +604,12 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     sm_scale = 1.0 / math.sqrt(d)
     block_d = max(16, triton.next_power_of_2(d))
     kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q, d)
-    kernel[_grid(n_q, "BLOCK_M", Z * H)](q4, k4, v4, o4, lse,
+    tile_major = _tile_major(is_causal, k, v) or Z * H > 65535
+    kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](q4, k4, v4, o4, lse,
                  *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
                  H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)),
                  IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d,
-                 INPUT_PRECISION=_precision(q.dtype, fp32_precision), TILE_MAJOR=TILE_MAJOR, **fixed)
+                 INPUT_PRECISION=_precision(q.dtype, fp32_precision), TILE_MAJOR=tile_major, **fixed)
     return out, lse
 
 
@@ -617,20 +637,21 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
 
     kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q, d)
-    kernel[_grid(n_k, "BLOCK_N", Z * H)](
+    tile_major = _tile_major(is_causal, k, v) or Z * H > 65535
+    kernel[_grid(n_k, "BLOCK_N", Z * H, tile_major)](
         q4, k4, v4, do4, lse, delta, dk4, dv4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
         H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
         IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
-        TILE_MAJOR=TILE_MAJOR, **fixed)
+        TILE_MAJOR=tile_major, **fixed)
 
     kernel, fixed = _launch_config(_dq_tuned, _dq, "dq", q, d)
-    kernel[_grid(n_q, "BLOCK_M", Z * H)](
+    kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](
         q4, k4, v4, do4, lse, delta, dq4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dq4),
         H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
         IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
-        TILE_MAJOR=TILE_MAJOR, **fixed)
+        TILE_MAJOR=tile_major, **fixed)
     return dq, dk, dv
 
 

@@ -152,6 +152,18 @@ def test_grid_order_does_not_change_results(monkeypatch, causal):
             assert torch.equal(x, y)
 
 
+def test_grid_order_policy():
+    import kernels.flash_triton as ft
+
+    def kv(n):  # meta tensors: sizes without memory
+        return torch.empty(16, n, 64, dtype=torch.bfloat16, device="meta")
+
+    assert ft.TILE_MAJOR is None
+    assert ft._tile_major(True, kv(16384), kv(16384))        # 64 MiB of K+V, causal: tile-major
+    assert not ft._tile_major(False, kv(16384), kv(16384))   # non-causal: head-major
+    assert not ft._tile_major(True, kv(65536), kv(65536))    # 256 MiB: keep heads together for the L2
+
+
 def test_pinned_configs_rejects_unknown_kernel_and_restores():
     import triton
 

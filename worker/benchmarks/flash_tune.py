@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                        "pins": {n: list(c) for n, (_, c) in best.items()} if ctx_pins else None}
                 f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
-        ft.TILE_MAJOR = True
+        ft.TILE_MAJOR = None
 
         # where the forward+backward time goes with the winners pinned: each pass alone, and the
         # kernels' device time inside the timed loop (the rest of the wall time is launch gaps)
