@@ -3,8 +3,9 @@
     python -m backend.bench_queue --out docs/results/cpu/queue_overhead.json
 
 - submit-to-done of a job that does nothing (noop suite), one at a time, embedded broker and Redis:
-  the time from POST /api/sweeps to the API answering `done` for it (polled every 5 ms, from the
-  same 2-core machine that runs the API, the worker and the broker);
+  the time from POST /api/sweeps to the API answering `done` for it, from the same 2-core machine
+  that runs the API, the worker and the broker; measured twice: polling GET /api/sweeps/{id} every
+  5 ms, and with one GET ?wait_s=30 that the API holds until the sweep finishes;
 - a 1,000-cell no-op sweep through the embedded broker, wall time to all done;
 - GET /api/sweeps/{id}/results on a 10,000-row sweep (rows written straight to the database).
 """
@@ -18,13 +19,17 @@ import time
 from pathlib import Path
 
 
-def submit_to_done(stack, n: int) -> list[float]:
+def submit_to_done(stack, n: int, held: bool = False) -> list[float]:
     out = []
     for i in range(n):
         t0 = time.perf_counter()
         sid = stack.submit({"suite": "noop", "params": {"x": i}})["id"]
-        while stack.client.get(f"/api/sweeps/{sid}").json()["status"] != "done":
-            time.sleep(0.005)
+        if held:
+            status = stack.client.get(f"/api/sweeps/{sid}", params={"wait_s": 30}).json()["status"]
+            assert status == "done", status
+        else:
+            while stack.client.get(f"/api/sweeps/{sid}").json()["status"] != "done":
+                time.sleep(0.005)
         out.append((time.perf_counter() - t0) * 1e3)
     return out
 
@@ -101,6 +106,7 @@ def main() -> int:
             try:
                 submit_to_done(stack, 3)  # the runner's first start (torch import) stays out
                 result[f"submit_to_done_{broker}"] = summary(submit_to_done(stack, args.jobs))
+                result[f"submit_to_done_{broker}_held"] = summary(submit_to_done(stack, args.jobs, held=True))
                 if broker == "embedded":
                     result[f"sweep_{args.cells}_cells_embedded_s"] = big_sweep(stack, args.cells)
             finally:

@@ -200,13 +200,17 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
             return
         deadline = time.monotonic() + timeout_s
         while True:
-            s = client.get(f"/api/sweeps/{sweep['id']}").json()
-            if s["status"] in ("done", "cancelled"):
+            # the server holds the answer until the sweep finishes (or wait_s passes)
+            hold = max(0.0, min(30.0, deadline - time.monotonic()))
+            asked = time.monotonic()
+            s = client.get(f"/api/sweeps/{sweep['id']}", params={"wait_s": hold}).json()
+            if s["status"] not in ("queued", "running"):
                 break
             if time.monotonic() > deadline:
                 console.print("[red]timed out waiting[/]")
                 raise typer.Exit(3)
-            time.sleep(poll_s)
+            if time.monotonic() - asked < hold / 2:  # a server that answers at once: poll
+                time.sleep(poll_s)
         rows = client.get(f"/api/sweeps/{sweep['id']}/results").json()
     out.print(_summary_table(body["suite"], rows))
     bad = sum(s["counts"][k] for k in FAILED_STATES)

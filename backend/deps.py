@@ -7,6 +7,7 @@ from typing import Annotated, Iterator
 from fastapi import Depends, Header, HTTPException, Request
 from sqlmodel import Session
 
+from backend.changes import ChangeFeed
 from backend.db import session
 from backend.dispatch import Dispatcher
 from backend.settings import BackendSettings
@@ -23,6 +24,10 @@ def get_app_settings(request: Request) -> BackendSettings:
 
 def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
+
+
+def get_changes(request: Request) -> ChangeFeed:
+    return request.app.state.changes
 
 
 def _check_token(settings: BackendSettings, authorization: str | None) -> None:
@@ -46,5 +51,6 @@ def require_read(request: Request, authorization: Annotated[str | None, Header()
 SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[BackendSettings, Depends(get_app_settings)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+ChangesDep = Annotated[ChangeFeed, Depends(get_changes)]
 WriteAuth = Depends(require_write)
 ReadAuth = Depends(require_read)

@@ -96,10 +96,12 @@ class Stack:
     def wait(self, sweep_id: int, timeout: float = 120.0, until=("done", "cancelled")) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            s = self.client.get(f"/api/sweeps/{sweep_id}").json()
+            hold = min(5.0, max(0.0, deadline - time.monotonic()))
+            s = self.client.get(f"/api/sweeps/{sweep_id}", params={"wait_s": hold}).json()
             if s["status"] in until:
                 return s
-            time.sleep(0.1)
+            if s["status"] not in ("queued", "running"):
+                time.sleep(0.1)  # finished in a state the caller does not wait for: no hold, poll
         raise AssertionError(f"sweep {sweep_id} not finished: {s}\n{self.logs()}")
 
     def results(self, sweep_id: int) -> list[dict]:

@@ -5,6 +5,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from backend.changes import ChangeFeed
 from backend.db import make_engine
 from backend.dispatch import Dispatcher
 from backend.pages import router as pages_router
@@ -20,7 +21,7 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
     async def lifespan(app: FastAPI):
         app.state.recorder = None
         if with_recorder:
-            app.state.recorder = Recorder(app.state.dispatcher.app, app.state.engine)
+            app.state.recorder = Recorder(app.state.dispatcher.app, app.state.engine, app.state.changes)
             app.state.recorder.start()
         yield
         if app.state.recorder is not None:
@@ -32,6 +33,7 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
     app.state.settings = settings
     app.state.engine = make_engine(settings)
     app.state.dispatcher = Dispatcher(settings)
+    app.state.changes = ChangeFeed()
     app.state.recorder = None
     for r in (health.router, suites.router, sweeps.router, jobs.router, pages_router):
         app.include_router(r)

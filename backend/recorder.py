@@ -12,6 +12,7 @@ import threading
 from kombu import Consumer
 from sqlalchemy.engine import Engine
 
+from backend.changes import ChangeFeed
 from backend.db import session
 from backend.service import apply_event
 from worker.celery_app import RESULTS_QUEUE
@@ -20,10 +21,11 @@ log = logging.getLogger("benchlab.recorder")
 
 
 class Recorder(threading.Thread):
-    def __init__(self, celery_app, engine: Engine):
+    def __init__(self, celery_app, engine: Engine, changes: ChangeFeed | None = None):
         super().__init__(name="benchlab-recorder", daemon=True)
         self.app = celery_app
         self.engine = engine
+        self.changes = changes
         self._stop_event = threading.Event()
         self.applied = 0
         self.ready = threading.Event()
@@ -38,6 +40,8 @@ class Recorder(threading.Thread):
                 if apply_event(db, body):
                     self.applied += 1
             message.ack()
+            if self.changes is not None:
+                self.changes.bump()
         except Exception:  # noqa: BLE001 - keep consuming; the message is retried later
             log.exception("could not record event %r", body)
             message.requeue()

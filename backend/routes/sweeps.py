@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
 from backend import service
-from backend.deps import DispatcherDep, ReadAuth, SessionDep, SettingsDep, WriteAuth
+from backend.deps import ChangesDep, DispatcherDep, ReadAuth, SessionDep, SettingsDep, WriteAuth
 from backend.grid import SweepInputError
 from backend.models import Sweep, SweepCreate
 
@@ -32,9 +34,25 @@ def list_sweeps(db: SessionDep, limit: int = Query(100, ge=1, le=1000), offset: 
     return service.list_sweeps(db, limit, offset)
 
 
+# how often a waiting request re-reads the database even without news from this process's recorder
+WAIT_RECHECK_S = 0.25
+
+
 @router.get("/{sweep_id}", dependencies=[ReadAuth])
-def get_sweep(sweep_id: int, db: SessionDep) -> dict:
-    return service.get_summary(db, _get_sweep(db, sweep_id))
+def get_sweep(sweep_id: int, db: SessionDep, changes: ChangesDep,
+              wait_s: float = Query(0.0, ge=0.0, le=60.0,
+                                    description="hold the answer up to this many seconds until the sweep has "
+                                                "finished (no queued or running cells)")) -> dict:
+    sweep = _get_sweep(db, sweep_id)
+    deadline = time.monotonic() + wait_s
+    while True:
+        seen = changes.version  # read before the query, so a write after it ends the wait below
+        summary = service.get_summary(db, sweep)
+        left = deadline - time.monotonic()
+        if summary["status"] not in service.UNFINISHED_STATUSES or left <= 0:
+            return summary
+        changes.wait(seen, min(left, WAIT_RECHECK_S))
+        db.rollback()  # end this read snapshot: the next query sees what was committed since
 
 
 @router.get("/{sweep_id}/results", dependencies=[ReadAuth])

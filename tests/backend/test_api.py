@@ -168,3 +168,38 @@ def test_results_json_fast_path_equals_parsed_rows(client):
     fast = client.get(f"/api/sweeps/{sid}/results").json()
     assert fast == parsed
     assert fast[0]["metrics"]["nested"] == {"b": [1, 2]} and fast[1]["metrics"] == {} and fast[1]["artifacts"] == []
+
+
+def test_wait_holds_the_answer_until_the_sweep_finishes(client):
+    # the recorder's part, played by a thread: write the result, then bump the change feed
+    import threading
+
+    from backend.service import apply_event
+
+    app = client.app_ref
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": 1}}).json()["id"]
+    with session(app.state.engine) as db:
+        job_id = db.exec(select(Job).where(Job.sweep_id == sid)).one().id
+    assert client.get(f"/api/sweeps/{sid}").json()["status"] == "queued"  # no wait: answers at once
+
+    def finish():
+        with session(app.state.engine) as db:
+            apply_event(db, {"type": "result", "job_id": job_id, "state": "done", "metrics": {"ok": 1},
+                             "error": None, "env": None, "artifacts": [], "duration_s": 0.01, "attempt": 1})
+        app.state.changes.bump()
+
+    timer = threading.Timer(0.3, finish)
+    timer.start()
+    try:
+        s = client.get(f"/api/sweeps/{sid}", params={"wait_s": 30}).json()
+    finally:
+        timer.join()
+    assert s["status"] == "done" and s["counts"]["done"] == 1
+
+
+def test_wait_is_bounded_and_named(client):
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": 1}}).json()["id"]
+    r = client.get(f"/api/sweeps/{sid}", params={"wait_s": 3600})
+    assert r.status_code == 422 and "wait_s" in r.text
+    # a short wait on a sweep nobody runs comes back, still queued
+    assert client.get(f"/api/sweeps/{sid}", params={"wait_s": 0.3}).json()["status"] == "queued"
