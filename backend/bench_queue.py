@@ -5,7 +5,8 @@
 - submit-to-done of a job that does nothing (noop suite), one at a time, embedded broker and Redis:
   the time from POST /api/sweeps to the API answering `done` for it, from the same 2-core machine
   that runs the API, the worker and the broker; measured twice: polling GET /api/sweeps/{id} every
-  5 ms, and with one GET ?wait_s=30 that the API holds until the sweep finishes;
+  5 ms, and with one GET ?wait_s=30 that the API holds until the sweep finishes (with the median
+  time of each stage, from the database's timestamps);
 - a 1,000-cell no-op sweep through the embedded broker, wall time to all done;
 - GET /api/sweeps/{id}/results on a 10,000-row sweep (rows written straight to the database).
 """
@@ -19,18 +20,32 @@ import time
 from pathlib import Path
 
 
-def submit_to_done(stack, n: int, held: bool = False) -> list[float]:
+def submit_to_done(stack, n: int, held: bool = False, stages: list | None = None) -> list[float]:
+    """Submit-to-done times in ms. `stages`, if given, gets one dict per job: where the time went,
+    from the client's clock and the timestamps the database holds (all processes share the clock)."""
+    import sqlite3
+
     out = []
     for i in range(n):
-        t0 = time.perf_counter()
+        t0 = time.time()
         sid = stack.submit({"suite": "noop", "params": {"x": i}})["id"]
+        t1 = time.time()
         if held:
             status = stack.client.get(f"/api/sweeps/{sid}", params={"wait_s": 30}).json()["status"]
             assert status == "done", status
         else:
             while stack.client.get(f"/api/sweeps/{sid}").json()["status"] != "done":
                 time.sleep(0.005)
-        out.append((time.perf_counter() - t0) * 1e3)
+        t2 = time.time()
+        out.append((t2 - t0) * 1e3)
+        if stages is not None:
+            with sqlite3.connect(stack.data_dir / "benchlab.db") as con:
+                created, started, finished, recorded = con.execute(
+                    "SELECT job.created_at, job.started_at, job.finished_at, MAX(result.created_at) FROM job "
+                    "JOIN result ON result.job_id = job.id WHERE job.sweep_id = ?", (sid,)).fetchone()
+            stages.append({"post_ms": (t1 - t0) * 1e3, "queued_to_started_ms": (started - created) * 1e3,
+                           "job_ms": (finished - started) * 1e3, "result_to_recorded_ms": (recorded - finished) * 1e3,
+                           "recorded_to_client_ms": (t2 - recorded) * 1e3})
     return out
 
 
@@ -106,7 +121,11 @@ def main() -> int:
             try:
                 submit_to_done(stack, 3)  # the runner's first start (torch import) stays out
                 result[f"submit_to_done_{broker}"] = summary(submit_to_done(stack, args.jobs))
-                result[f"submit_to_done_{broker}_held"] = summary(submit_to_done(stack, args.jobs, held=True))
+                stages: list[dict] = []
+                result[f"submit_to_done_{broker}_held"] = summary(submit_to_done(stack, args.jobs, held=True,
+                                                                                 stages=stages))
+                result[f"submit_to_done_{broker}_held_stages_median_ms"] = {
+                    k: statistics.median(st[k] for st in stages) for k in stages[0]}
                 if broker == "embedded":
                     result[f"sweep_{args.cells}_cells_embedded_s"] = big_sweep(stack, args.cells)
             finally:
