@@ -2,7 +2,8 @@
 
 Layout. Every tensor is viewed as (Z, H, N, D) with its own four strides, so 3D and 4D inputs
 and non-contiguous views (a transposed head axis, a slice) are read in place, without a copy.
-One program owns one tile of rows of one (z, h) pair (grids are (Z*H, tiles), see _program_ids):
+One program owns one tile of rows of one (z, h) pair (the grid's two axes are the tiles and Z*H,
+in an order chosen per call: see _program_ids and _tile_major):
 
   forward   cdiv(n_q, BLOCK_M) tiles: a query tile loops over key tiles with an online
             softmax in base 2 (scores scaled by 1/sqrt(d) * log2(e), so exp becomes exp2).
