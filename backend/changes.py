@@ -1,8 +1,9 @@
 """A change counter the recorder bumps after each write, so API requests can wait for news.
 
 `GET /api/sweeps/{id}?wait_s=N` waits on it instead of making the client poll. It only sees writes
-of the recorder in this process; waiters still re-read the database every `recheck_s`, so writes
-made elsewhere (another API process's recorder, a retry or cancel) are seen within that time.
+of the recorder in this process; waiters still re-read the database every WAIT_RECHECK_S
+(backend/routes/sweeps.py), so writes made elsewhere (another API process's recorder, a retry or a
+cancel) are seen within that time. Each held request occupies one of the server's worker threads.
 """
 from __future__ import annotations
 

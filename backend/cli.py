@@ -186,6 +186,8 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
     """Submit a sweep (the POST /api/sweeps body) to a server."""
     import httpx
 
+    from backend.models import UNFINISHED_STATUSES
+
     body = _load_spec(spec)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
@@ -204,7 +206,7 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
             hold = max(0.0, min(30.0, deadline - time.monotonic()))
             asked = time.monotonic()
             s = client.get(f"/api/sweeps/{sweep['id']}", params={"wait_s": hold}).json()
-            if s["status"] not in ("queued", "running"):
+            if s["status"] not in UNFINISHED_STATUSES:
                 break
             if time.monotonic() > deadline:
                 console.print("[red]timed out waiting[/]")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from backend.models import UNFINISHED_STATUSES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -100,7 +102,7 @@ class Stack:
             s = self.client.get(f"/api/sweeps/{sweep_id}", params={"wait_s": hold}).json()
             if s["status"] in until:
                 return s
-            if s["status"] not in ("queued", "running"):
+            if s["status"] not in UNFINISHED_STATUSES:
                 time.sleep(0.1)  # finished in a state the caller does not wait for: no hold, poll
         raise AssertionError(f"sweep {sweep_id} not finished: {s}\n{self.logs()}")
 

@@ -10,6 +10,7 @@ from sqlmodel import Field, SQLModel
 
 JOB_STATES = ("queued", "running", "done", "skipped", "failed", "oom", "timeout", "cancelled")
 FINAL_STATES = ("done", "skipped", "failed", "oom", "timeout", "cancelled")
+UNFINISHED_STATUSES = ("queued", "running")  # sweep statuses that a wait keeps waiting through
 RETRYABLE_STATES = ("failed", "oom", "timeout")
 
 

@@ -59,9 +59,6 @@ def state_counts(db: Session, sweep_ids: list[int]) -> dict[int, dict[str, int]]
     return out
 
 
-UNFINISHED_STATUSES = ("queued", "running")
-
-
 def sweep_status(counts: dict[str, int], cancelled: bool) -> str:
     total = sum(counts.values())
     if total == 0:

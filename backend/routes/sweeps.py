@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from backend import service
 from backend.deps import ChangesDep, DispatcherDep, ReadAuth, SessionDep, SettingsDep, WriteAuth
 from backend.grid import SweepInputError
-from backend.models import Sweep, SweepCreate
+from backend.models import UNFINISHED_STATUSES, Sweep, SweepCreate
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
 
@@ -49,7 +49,7 @@ def get_sweep(sweep_id: int, db: SessionDep, changes: ChangesDep,
         seen = changes.version  # read before the query, so a write after it ends the wait below
         summary = service.get_summary(db, sweep)
         left = deadline - time.monotonic()
-        if summary["status"] not in service.UNFINISHED_STATUSES or left <= 0:
+        if summary["status"] not in UNFINISHED_STATUSES or left <= 0:
             return summary
         changes.wait(seen, min(left, WAIT_RECHECK_S))
         db.rollback()  # end this read snapshot: the next query sees what was committed since
