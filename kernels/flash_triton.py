@@ -564,17 +564,17 @@ def _launch_config(kernel_tuned, kernel_fixed, which: str, q: torch.Tensor, head
 
 def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Grid order for one call: TILE_MAJOR if forced, else tile-major for causal calls whose K and V fit
-    the L2-scale budget TILE_MAJOR_MAX_KV_BYTES."""
+    the L2-scale budget TILE_MAJOR_MAX_KV_BYTES. More than 65535 (z, h) pairs do not fit grid axis 1,
+    so those calls are always tile-major."""
+    if math.prod(k.shape[:-2]) > 65535:
+        return True
     if TILE_MAJOR is not None:
         return bool(TILE_MAJOR)
     return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
 
 
 def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
-    """Launch grid over cdiv(n_rows, meta[block]) tiles and zh (batch x heads), in the given order.
-
-    Head-major puts zh on grid axis 1, which allows at most 65535; larger zh always goes tile-major.
-    """
+    """Launch grid over cdiv(n_rows, meta[block]) tiles and zh (batch x heads), in the given order."""
     if tile_major:
         return lambda meta: (zh, triton.cdiv(n_rows, meta[block]))
     return lambda meta: (triton.cdiv(n_rows, meta[block]), zh)
@@ -605,7 +605,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     sm_scale = 1.0 / math.sqrt(d)
     block_d = max(16, triton.next_power_of_2(d))
     kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q, d)
-    tile_major = _tile_major(is_causal, k, v) or Z * H > 65535
+    tile_major = _tile_major(is_causal, k, v)
     kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](q4, k4, v4, o4, lse,
                  *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
                  H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)),
@@ -638,7 +638,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
 
     kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q, d)
-    tile_major = _tile_major(is_causal, k, v) or Z * H > 65535
+    tile_major = _tile_major(is_causal, k, v)
     kernel[_grid(n_k, "BLOCK_N", Z * H, tile_major)](
         q4, k4, v4, do4, lse, delta, dk4, dv4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),

@@ -47,15 +47,12 @@ def _inputs(shape, dtype_name: str, seed: int = 0):
 
 def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str):
     """A zero-argument function running the pass that exercises `kernel` with `cfg` pinned."""
-    import triton
-
     from kernels import flash_triton as ft
 
     q, k, v, do = _inputs(shape, dtype_name)
     pins = dict(base)
     if cfg is not None:
-        bm, bn, w, st = cfg
-        pins[kernel] = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+        pins[kernel] = ft._cfg(*cfg)
     if kernel == "fwd":
         def run():
             with ft.pinned_configs(**pins):
@@ -77,6 +74,11 @@ def _base_pins():
     return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0]}
 
 
+def _short_error(exc: Exception) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
 def _compile_one(job) -> tuple[str, tuple, str | None]:
     kernel, cfg, shape, causal, dtype_name = job
     import torch
@@ -86,7 +88,7 @@ def _compile_one(job) -> tuple[str, tuple, str | None]:
         torch.cuda.synchronize()
         return kernel, cfg, None
     except Exception as exc:  # noqa: BLE001 - a config that fails to compile is a recorded result
-        return kernel, cfg, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return kernel, cfg, _short_error(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    import triton
 
     from kernels import flash_triton as ft
     from kernels.flops import attention_flops
@@ -131,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = []
     for k in kernels:
         for cfg in space(k):
-            c = triton.Config({"BLOCK_M": cfg[0], "BLOCK_N": cfg[1]}, num_warps=cfg[2], num_stages=cfg[3])
-            if ft._smem_estimate(c, d, elem, k) <= ft.SMEM_BUDGET:
+            if ft._smem_estimate(ft._cfg(*cfg), d, elem, k) <= ft.SMEM_BUDGET:
                 jobs.append((k, cfg, shape, args.causal, args.dtype))
     print(f"{len(jobs)} configs to compile with {args.jobs} processes", flush=True)
 
@@ -173,15 +173,14 @@ def main(argv: list[str] | None = None) -> int:
                     if k not in best or t.median_ms < best[k][0]:
                         best[k] = (t.median_ms, cfg)
                 except Exception as exc:  # noqa: BLE001
-                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    row["error"] = _short_error(exc)
                 torch.cuda.empty_cache()
             f.write(json.dumps(row) + "\n")
             f.flush()
             print(json.dumps(row), flush=True)
 
         # the winners together, against the shipped autotuned path, in both grid orders
-        pins = {k: triton.Config({"BLOCK_M": c[0], "BLOCK_N": c[1]}, num_warps=c[2], num_stages=c[3])
-                for k, (_, c) in best.items()}
+        pins = {k: ft._cfg(*c) for k, (_, c) in best.items()}
         q, k_, v, do = _inputs(shape, args.dtype)
         for q_ in (q, k_, v):
             q_.requires_grad_(True)
