@@ -75,14 +75,17 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn
         else:
             kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        # raw scores (BLOCK_M, BLOCK_N); the scale is applied inside exp2's argument, s * scale - m,
+        # one FMA per score instead of a multiply and a subtract (qk_scale > 0, so the row max of
+        # the raw scores times the scale is the max of the scaled ones: log2 units, BLOCK_M mults)
+        s = tl.dot(q, kt, input_precision=INPUT_PRECISION)
         if MASKED:
             keep = offs_n[None, :] < n_k
             if IS_CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # rescale of what was summed under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The model-suite grid recorded under docs/results/h200/ (run on one H200 through `benchlab run`).
 # Usage: scripts/h200_model_grid.sh OUT_DIR [SECTION...]   (no section: all of them, in order)
-# Sections: eager compile scopes profile ckpt best. Each writes model_<section>.jsonl and .log.
+# Sections: eager compile scopes profile ckpt best (compile_large_bf16, compile_xl_fp32: one cell each). Each writes model_<section>.jsonl and .log.
 set -u
 out=${1:?output folder}
 shift
@@ -15,6 +15,9 @@ eager) run eager -p size=small,medium,large,xl -p precision=fp32,bf16 -p scope=s
 # the same grid under torch.compile (warm-up covers the compile)
 compile) run compile -p size=small,medium,large,xl -p precision=fp32,bf16 -p compile=true -p scope=step \
   -p warmup=3 -p steps=5 ;;
+# the compile grid one cell at a time, for a lease too short for the whole section
+compile_large_bf16) run compile_large_bf16 -p size=large -p precision=bf16 -p compile=true -p scope=step -p warmup=3 -p steps=5 ;;
+compile_xl_fp32) run compile_xl_fp32 -p size=xl -p precision=fp32 -p compile=true -p scope=step -p warmup=3 -p steps=5 ;;
 # forward and forward+backward scopes, for the stacked chart
 scopes) run scopes -p size=small,xl -p precision=fp32,bf16 -p scope=fwd,fwd_bwd -p warmup=2 -p steps=5 ;;
 # one profiled cell: trace, kernel categories, memory snapshot

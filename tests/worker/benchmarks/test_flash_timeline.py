@@ -1,0 +1,37 @@
+"""The timeline parser splits a profiler trace at the L2 flushes and counts idle time between kernels."""
+from worker.benchmarks.flash_timeline import timeline
+
+
+def _k(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_iterations_split_at_flush_and_idle_is_counted():
+    trace = {"traceEvents": [
+        _k("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", 0, 50),
+        _k("_fwd_kernel", 60, 100),          # 10 us idle after the flush
+        _k("_bwd_preprocess", 170, 5),       # 10 us idle
+        _k("_bwd_dkdv_kernel", 175, 200),    # back to back
+        _k("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", 400, 50),
+        _k("_fwd_kernel", 450, 100),         # no idle
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 4},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 9, "dur": 6},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 9, "dur": 600},
+        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 5},
+    ]}
+    out = timeline(trace, iters=5)
+    first, second = out["iterations"]
+    assert [k["name"] for k in first["kernels"]] == ["_fwd_kernel", "_bwd_preprocess", "_bwd_dkdv_kernel"]
+    assert first["idle_us"] == 20.0 and first["kernel_us"] == 305.0 and first["span_us"] == 325.0
+    assert first["kernels"][0]["start_us"] == 10.0
+    assert second["idle_us"] == 0.0 and second["span_us"] == 100.0
+    assert out["runtime_calls"]["cudaLaunchKernel"] == {"count": 2, "total_us": 10.0, "max_us": 6.0}
+    assert list(out["runtime_calls"])[0] == "cudaDeviceSynchronize"  # biggest total first
+
+
+def test_keeps_only_the_last_iterations():
+    fill = "FillFunctor"
+    trace = {"traceEvents": [e for i in range(4) for e in (_k(fill, i * 100, 10), _k("_fwd_kernel", i * 100 + 10, 50))]}
+    out = timeline(trace, iters=2)
+    assert len(out["iterations"]) == 2
+    assert all(r["kernel_us"] == 50.0 for r in out["iterations"])

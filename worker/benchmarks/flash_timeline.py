@@ -1,0 +1,139 @@
+"""Where one flash forward+backward spends its wall time: a GPU timeline of the timed loop.
+
+The timed loop is the harness's (L2 flush, start event, fwd+bwd, end event). Under the PyTorch
+profiler this records every GPU kernel and every CUDA runtime call of a few iterations, then
+reports per iteration: each kernel's start (from the end of the flush) and duration, the idle
+time between kernels, and which runtime calls the host made (a synchronising call, a cudaMalloc
+or a slow launch shows up there). It also times the same loop replayed from a CUDA graph, which
+has no launch gaps, so the difference bounds what launch overhead costs.
+
+    python -m worker.benchmarks.flash_timeline --out docs/results/h200/flash_timeline.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _short(name: str) -> str:
+    """A kernel's name without template arguments, at most 60 characters."""
+    return name.split("<")[0].split("(")[0][:60]
+
+
+def timeline(trace: dict, iters: int) -> dict:
+    """Split a Chrome trace of `iters` timed iterations at the flush kernels and measure each one."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
+                 key=lambda e: e["ts"])
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver"]
+    # the flush is the one fill kernel over 256 MiB; everything between two flushes is one iteration
+    flush_idx = [i for i, e in enumerate(gpu) if "fill" in e["name"].lower() or e.get("cat") == "gpu_memset"]
+    rows = []
+    for a, b in zip(flush_idx, flush_idx[1:] + [len(gpu)]):
+        flush = gpu[a]
+        t0 = flush["ts"] + flush["dur"]
+        kernels, busy, prev_end = [], 0.0, t0
+        idle = 0.0
+        for e in gpu[a + 1:b]:
+            idle += max(0.0, e["ts"] - prev_end)
+            kernels.append({"name": _short(e["name"]), "start_us": round(e["ts"] - t0, 1), "dur_us": round(e["dur"], 1)})
+            busy += e["dur"]
+            prev_end = max(prev_end, e["ts"] + e["dur"])
+        rows.append({"span_us": round(prev_end - t0, 1), "kernel_us": round(busy, 1), "idle_us": round(idle, 1),
+                     "kernels": kernels})
+    calls: dict[str, list[float]] = {}
+    for e in runtime:
+        calls.setdefault(e["name"], []).append(e["dur"])
+    return {"iterations": rows[-iters:],
+            "runtime_calls": {k: {"count": len(v), "total_us": round(sum(v), 1), "max_us": round(max(v), 1)}
+                              for k, v in sorted(calls.items(), key=lambda kv: -sum(kv[1]))}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="16,16384,64")
+    ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--trace", type=Path, default=None, help="also keep the raw Chrome trace here")
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels import flash_triton as ft
+    from kernels.flops import attention_flops
+    from worker.harness import _L2Flusher, fingerprint, measure
+    from worker.suites.common import torch_dtype
+
+    shape = tuple(int(x) for x in args.shape.split(","))
+    dtype = torch_dtype(args.dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen).requires_grad_(True) for _ in range(3))
+    do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+
+    def fwd_bwd():
+        ft.FlashAttentionTriton.apply(q, k, v, args.causal).backward(do)
+
+    def clear():
+        q.grad = k.grad = v.grad = None
+
+    report = {"kind": "flash_timeline", **fingerprint(args.commit), "shape": list(shape), "causal": args.causal,
+              "dtype": args.dtype}
+    timed = measure(fwd_bwd, warmup=5, repeats=args.repeats, device="cuda", setup=clear)
+    report["event_ms"] = {"median": timed.median_ms, "p20": timed.p20_ms, "p80": timed.p80_ms}
+
+    flush = _L2Flusher("cuda")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            clear()
+            flush()
+            fwd_bwd()
+        torch.cuda.synchronize()
+    trace_path = args.trace or args.out.with_suffix(".trace.json")
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace_path))
+    report["timeline"] = timeline(json.loads(trace_path.read_text()), args.iters)
+    if args.trace is None:
+        trace_path.unlink()
+
+    # the same loop from a CUDA graph: no host in the way, so span - kernel time is launch-free
+    try:
+        clear()
+        static_graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                clear()
+                fwd_bwd()
+        torch.cuda.current_stream().wait_stream(side)
+        clear()
+        with torch.cuda.graph(static_graph):
+            fwd_bwd()
+        graphed = measure(static_graph.replay, warmup=3, repeats=args.repeats, device="cuda")
+        report["graph_replay_ms"] = {"median": graphed.median_ms, "p20": graphed.p20_ms, "p80": graphed.p80_ms}
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+        report["graph_replay_error"] = str(exc).splitlines()[0][:300]
+
+    b = shape[0]
+    h = shape[1] if len(shape) == 4 else 1
+    flops = attention_flops(b, h, shape[-2], shape[-2], shape[-1], args.causal, "fwd_bwd")
+    report["fwd_bwd_tflops"] = flops / (timed.median_ms * 1e-3) / 1e12
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    it = report["timeline"]["iterations"]
+    print(json.dumps({"event_ms": report["event_ms"], "graph": report.get("graph_replay_ms"),
+                      "span_us": [r["span_us"] for r in it], "kernel_us": [r["kernel_us"] for r in it],
+                      "idle_us": [r["idle_us"] for r in it]}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
