@@ -5,7 +5,9 @@ profiler this records every GPU kernel and every CUDA runtime call of a few iter
 reports per iteration: each kernel's start (from the end of the flush) and duration, the idle
 time between kernels, and which runtime calls the host made (a synchronising call, a cudaMalloc
 or a slow launch shows up there). It also times the same loop replayed from a CUDA graph, which
-has no launch gaps, so the difference bounds what launch overhead costs.
+has no launch gaps, so the difference bounds what launch overhead costs. `--sustained N` times N
+iterations with events and the profiler at once while sampling the SM clock: if event time equals
+the kernels' span, the time is in slower kernels (the chip clocks down under load), not in gaps.
 
     python -m worker.benchmarks.flash_timeline --out docs/results/h200/flash_timeline.json
 """
@@ -51,6 +53,72 @@ def timeline(trace: dict, iters: int) -> dict:
                               for k, v in sorted(calls.items(), key=lambda kv: -sum(kv[1]))}}
 
 
+def sustained(fwd_bwd, clear, flush, iters: int) -> dict:
+    """Events and profiler on the same `iters` iterations, with the SM clock sampled every 50 ms.
+
+    Answers whether event time above the kernels' sum is idle GPU time (span > kernel time) or
+    slower kernels (span == event time, kernel durations growing as the chip clocks down).
+    """
+    import os
+    import subprocess
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    smi_file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+    try:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                "-lms", "50", "-i", str(torch.cuda.current_device())], stdout=smi_file)
+    except OSError:
+        smi = None
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for start, end in pairs:
+            clear()
+            flush()
+            start.record()
+            fwd_bwd()
+            end.record()
+        torch.cuda.synchronize()
+    if smi is not None:
+        smi.terminate()
+        smi.wait()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    rows = timeline(trace, iters)["iterations"]
+    event_ms = [s.elapsed_time(e) for s, e in pairs]
+    names = sorted({k["name"] for r in rows for k in r["kernels"]})
+    durs = {n: [k["dur_us"] for r in rows for k in r["kernels"] if k["name"] == n] for n in names}
+    clocks, power = [], []
+    for line in open(smi_file.name).read().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            clocks.append(float(parts[0]))
+            power.append(float(parts[1]))
+        except (ValueError, IndexError):
+            continue
+    os.unlink(smi_file.name)
+
+    def mid(xs):
+        return sorted(xs)[len(xs) // 2] if xs else None
+
+    head, tail = slice(0, 10), slice(-10, None)
+    return {"iters": iters,
+            "event_ms": {"median": mid(event_ms), "first10": mid(event_ms[head]), "last10": mid(event_ms[tail])},
+            "span_ms": {"median": mid([r["span_us"] / 1e3 for r in rows]),
+                        "first10": mid([r["span_us"] / 1e3 for r in rows[head]]),
+                        "last10": mid([r["span_us"] / 1e3 for r in rows[tail]])},
+            "idle_us_median": mid([r["idle_us"] for r in rows]),
+            "kernel_us_first10_last10": {n: [mid(d[head]), mid(d[tail])] for n, d in durs.items()},
+            "sm_clock_mhz": {"samples": len(clocks), "min": min(clocks, default=None), "median": mid(clocks),
+                             "max": max(clocks, default=None)},
+            "power_w": {"median": mid(power), "max": max(power, default=None)}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="16,16384,64")
@@ -61,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--trace", type=Path, default=None, help="also keep the raw Chrome trace here")
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--sustained", type=int, default=0,
+                    help="also run this many timed iterations under the profiler, events and sampled SM clocks")
     args = ap.parse_args(argv)
 
     import torch
@@ -122,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal
         report["graph_replay_error"] = str(exc).splitlines()[0][:300]
 
+    if args.sustained:
+        report["sustained"] = sustained(fwd_bwd, clear, flush, args.sustained)
+
     b = shape[0]
     h = shape[1] if len(shape) == 4 else 1
     flops = attention_flops(b, h, shape[-2], shape[-2], shape[-1], args.causal, "fwd_bwd")
@@ -130,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     it = report["timeline"]["iterations"]
     print(json.dumps({"event_ms": report["event_ms"], "graph": report.get("graph_replay_ms"),
+                      "sustained": report.get("sustained"),
                       "span_us": [r["span_us"] for r in it], "kernel_us": [r["kernel_us"] for r in it],
                       "idle_us": [r["idle_us"] for r in it]}), file=sys.stderr)
     return 0
