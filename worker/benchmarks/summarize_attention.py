@@ -1,6 +1,9 @@
-"""Markdown tables from an attention_vs_sdpa JSONL file: TFLOP/s per impl and flash_triton's ratios.
+"""Markdown tables from attention_vs_sdpa JSONL files: TFLOP/s per impl and flash_triton's ratios.
 
-    python -m worker.benchmarks.summarize_attention docs/results/h200/attention_vs_sdpa.jsonl
+Several files (one per grid, say) are read as one table set; each file's fingerprint is listed.
+
+    python -m worker.benchmarks.summarize_attention docs/results/h200/attention_main_534a741.jsonl \
+        docs/results/h200/attention_leaderboard_534a741.jsonl > docs/results/h200/attention_summary.md
 """
 from __future__ import annotations
 
@@ -51,12 +54,56 @@ def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:
     return "\n".join(lines)
 
 
+def goals(rows: list[dict]) -> list[str]:
+    """Issue 3's figures, checked on the rows present: bf16 fwd+bwd vs SDPA flash at seq >= 2048, the
+    leaderboard shape, fp32 vs SDPA efficient at seq >= 8192."""
+    def by(shape, causal, dtype):
+        return {r["impl"]: r for r in rows if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
+
+    out = []
+    ratios = []
+    for r in rows:
+        if r["impl"] == "flash_triton" and r["dtype"] == "bf16" and r["S"] >= 2048 and len(r["shape"]) == 4:
+            other = by(tuple(r["shape"]), r["causal"], "bf16").get("sdpa_flash", {})
+            if r.get("fwd_bwd_tflops") and other.get("fwd_bwd_tflops"):
+                ratios.append(r["fwd_bwd_tflops"] / other["fwd_bwd_tflops"])
+    if ratios:
+        out.append(f"- bf16 fwd+bwd at seq >= 2048 (d 64/128, causal and not, {len(ratios)} shapes): "
+                   f"{min(ratios):.2f}x to {max(ratios):.2f}x SDPA flash (goal >= 1.2x: "
+                   f"{'met' if min(ratios) >= 1.2 else 'not met'})")
+    lb = by((16, 16384, 64), True, "bf16").get("flash_triton", {})
+    if lb.get("fwd_bwd_ms"):
+        out.append(f"- leaderboard (16, 16384, 64) causal bf16 fwd+bwd: {lb['fwd_bwd_ms']:.3f} ms median "
+                   f"(p20 {lb['fwd_bwd_p20_ms']:.3f}; goal <= 5.0 ms: {'met' if lb['fwd_bwd_ms'] <= 5.0 else 'not met'})")
+    fp32 = []
+    for r in rows:
+        if r["impl"] == "flash_triton" and r["dtype"] == "fp32" and r["S"] >= 8192:
+            other = by(tuple(r["shape"]), r["causal"], "fp32").get("sdpa_efficient", {})
+            if r.get("fwd_bwd_tflops") and other.get("fwd_bwd_tflops"):
+                fp32.append(r["fwd_bwd_tflops"] / other["fwd_bwd_tflops"])
+    if fp32:
+        out.append(f"- fp32 (TF32 dots) fwd+bwd at seq >= 8192 ({len(fp32)} shapes): {min(fp32):.2f}x to "
+                   f"{max(fp32):.2f}x SDPA efficient (goal >= 3x: {'met' if min(fp32) >= 3 else 'not met'})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    path = Path((argv or sys.argv[1:])[0])
-    env, rows = load(path)
-    print(f"Source: `{path}`; {env.get('gpu_name')}, torch {env.get('torch')}, triton {env.get('triton')}, "
-          f"driver {env.get('driver')}, commit {env.get('git_commit')}. Median of "
-          f"{rows[0].get('samples') if rows else '?'} timed runs after warm-up, L2 flushed between runs.\n")
+    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    if not paths:
+        print("usage: python -m worker.benchmarks.summarize_attention FILE.jsonl [FILE.jsonl ...]", file=sys.stderr)
+        return 2
+    rows = []
+    for path in paths:
+        env, part = load(path)
+        rows += part
+        print(f"- `{path}`: {env.get('gpu_name')} (x{env.get('gpu_count')}), torch {env.get('torch')}, "
+              f"triton {env.get('triton')}, driver {env.get('driver')}, commit {env.get('git_commit')}; "
+              f"median of {part[0].get('samples') if part else '?'} timed runs after warm-up, L2 flushed between runs")
+    print()
+    checks = goals(rows)
+    if checks:
+        print("### Goals\n")
+        print("\n".join(checks) + "\n")
     for dtype in ("bf16", "fp32"):
         for pass_ in ("fwd_bwd", "fwd", "bwd"):
             if any(r["dtype"] == dtype for r in rows):
