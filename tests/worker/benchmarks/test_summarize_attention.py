@@ -1,0 +1,29 @@
+"""The summary checks issue 3's goals on whatever rows it is given, and says when one is missed."""
+from worker.benchmarks.summarize_attention import goals
+
+
+def _row(impl, shape, causal, dtype, tflops, ms=None):
+    r = {"impl": impl, "shape": list(shape), "S": shape[-2], "causal": causal, "dtype": dtype,
+         "fwd_bwd_tflops": tflops}
+    if ms is not None:
+        r.update(fwd_bwd_ms=ms, fwd_bwd_p20_ms=ms * 0.99)
+    return r
+
+
+def test_goals_met_and_missed():
+    rows = [
+        _row("flash_triton", (8, 32, 2048, 64), True, "bf16", 300), _row("sdpa_flash", (8, 32, 2048, 64), True, "bf16", 200),
+        _row("flash_triton", (4, 32, 4096, 64), False, "bf16", 230), _row("sdpa_flash", (4, 32, 4096, 64), False, "bf16", 200),
+        # below the seq >= 2048 bar: ignored however slow
+        _row("flash_triton", (32, 32, 512, 64), True, "bf16", 50), _row("sdpa_flash", (32, 32, 512, 64), True, "bf16", 200),
+        _row("flash_triton", (16, 16384, 64), True, "bf16", 400, ms=5.2),
+        _row("flash_triton", (2, 32, 8192, 64), True, "fp32", 120), _row("sdpa_efficient", (2, 32, 8192, 64), True, "fp32", 35),
+    ]
+    out = "\n".join(goals(rows))
+    assert "2 shapes): 1.15x to 1.50x SDPA flash (goal >= 1.2x: not met)" in out
+    assert "5.200 ms median" in out and "goal <= 5.0 ms: not met" in out
+    assert "3.43x to 3.43x SDPA efficient (goal >= 3x: met)" in out
+
+
+def test_no_rows_no_claims():
+    assert goals([]) == []
