@@ -131,7 +131,8 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
         console.print(f"[red]bad input:[/] {exc}")
         raise typer.Exit(2)
     settings = get_worker_settings()
-    runner = Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit)
+    runner = Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
+                    startup_timeout_s=settings.runner_startup_timeout_s)
     run_dir = settings.artifact_root / f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}"
     rows: list[dict[str, Any]] = []
     fh = out_path.open("w") if out_path else None

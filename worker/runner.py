@@ -5,8 +5,10 @@ must cost one job, not the worker. Importing torch costs seconds, so the child i
 (torch imported), reused, cleaned between jobs (caches emptied, peak counters reset) and replaced
 when it dies, times out, has run `max_jobs` jobs, or a job asks for a fresh process.
 
-Parent <-> child talk over a Pipe: the parent sends a job dict; the child answers with any number
-of ("progress", text) and then one ("result", outcome dict).
+Parent <-> child talk over a Pipe: the child says ("ready", None) once its imports are done; then
+the parent sends a job dict and the child answers with any number of ("progress", text) and one
+("result", outcome dict). A job's timeout starts when the job is sent to a ready child, so a slow
+start (torch's import takes seconds on a busy host) never eats into the job's own time.
 """
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ def list_artifacts(folder: Path) -> list[dict[str, Any]]:
     return [{"name": p.name, "size": p.stat().st_size} for p in sorted(folder.iterdir()) if p.is_file()]
 
 
-def _child_main(conn, commit: str | None) -> None:
-    """Runner process: import the GPU stack once, then serve jobs until told to stop."""
+def _child_main(conn, commit: str | None, prepare: Callable[[], Any] | None = None) -> None:
+    """Runner process: import the GPU stack once, say ready, then serve jobs until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.setsid()  # own process group: a kill takes the ranks this job spawned with it
     import torch  # noqa: F401  (the warm-up this process exists for)
@@ -51,6 +53,9 @@ def _child_main(conn, commit: str | None) -> None:
     from worker.suites import CellContext, get_suite, validate_cell
 
     env = fingerprint(commit)
+    if prepare is not None:
+        prepare()
+    conn.send(("ready", None))
     while True:
         try:
             job = conn.recv()
@@ -98,12 +103,25 @@ def _clean_between_jobs() -> None:
             pass  # a broken CUDA context: the next job in this process will fail and replace it
 
 
-class Runner:
-    """Owns the warm child. `run(job, timeout_s)` always returns an Outcome, whatever the child does."""
+class RunnerStartError(RuntimeError):
+    """The child died or stayed silent before it was ready for a job."""
 
-    def __init__(self, max_jobs: int = 100, commit: str | None = None):
+
+class Runner:
+    """Owns the warm child. `run(job, timeout_s)` always returns an Outcome, whatever the child does.
+
+    `startup_timeout_s` bounds the child's start (imports) apart from any job's timeout; `prepare`,
+    a picklable callable, runs in the child before it reports ready (tests use it to slow a start).
+    """
+
+    def __init__(self, max_jobs: int = 100, commit: str | None = None, startup_timeout_s: float = 300.0,
+                 prepare: Callable[[], Any] | None = None):
+        if startup_timeout_s <= 0:
+            raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}")
         self.max_jobs = max_jobs
         self.commit = commit
+        self.startup_timeout_s = startup_timeout_s
+        self.prepare = prepare
         self._ctx = mp.get_context("spawn")
         self._proc: mp.Process | None = None
         self._conn = None
@@ -116,13 +134,36 @@ class Runner:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit), daemon=False,
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit, self.prepare), daemon=False,
                                        name="benchlab-runner")
         self._proc.start()
         child.close()
         self._conn = parent
         self.jobs_run = 0
         self.starts += 1
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Block until the new child says ready; kill it and raise RunnerStartError if it cannot."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise RunnerStartError(f"runner process did not start within {self.startup_timeout_s:g} s")
+            try:
+                if not self._conn.poll(min(remaining, 0.5)):
+                    if self._proc.is_alive():
+                        continue
+                    raise EOFError
+                kind, _ = self._conn.recv()
+                if kind == "ready":
+                    return
+            except (EOFError, OSError):
+                self._proc.join(1)
+                code = self._proc.exitcode
+                self.kill()
+                raise RunnerStartError(f"runner process exited before it was ready (exit code {code})") from None
 
     def _ensure(self, fresh: bool) -> None:
         alive = self._proc is not None and self._proc.is_alive()
@@ -160,7 +201,10 @@ class Runner:
     def run(self, job: dict[str, Any], timeout_s: float, fresh: bool = False,
             on_progress: Callable[[str], None] | None = None) -> Outcome:
         """Run one job in the child. The job dict needs suite, params and artifact_dir."""
-        self._ensure(fresh)
+        try:
+            self._ensure(fresh)
+        except RunnerStartError as exc:
+            return Outcome("failed", error=f"{exc}; the job did not run")
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         try:

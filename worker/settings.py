@@ -16,6 +16,7 @@ class WorkerSettings(BaseSettings):
     broker_poll_interval_s: float = Field(0.02, gt=0, description="filesystem broker polling interval")
     job_timeout_s: float = Field(1800.0, gt=0, description="a job running longer is killed and recorded as `timeout`")
     runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
+    runner_startup_timeout_s: float = Field(300.0, gt=0, description="a runner process not ready (imports done) by then fails the job it was started for; not counted in the job's timeout")
     api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with the API")
     api_token: str | None = Field(None, description="bearer token for writes to the API")
     commit: str | None = Field(None, description="git commit to record; wins over git (a copied tree may carry a stale .git)")

@@ -40,7 +40,8 @@ def upload_artifacts(settings: WorkerSettings, job_id: int, folder, artifacts: l
 
 def register_tasks(app: Celery, settings: WorkerSettings) -> dict[str, Any]:
     """Register `benchlab.run_job` on `app`; returns the worker's state (its runner) for shutdown."""
-    state: dict[str, Any] = {"runner": Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit),
+    state: dict[str, Any] = {"runner": Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
+                                             startup_timeout_s=settings.runner_startup_timeout_s),
                              "cancel": CancelRegistry(settings)}
     hostname = socket.gethostname()
 

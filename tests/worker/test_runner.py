@@ -1,6 +1,7 @@
 """The warm runner: reuse, replacement, and every way a job can end."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -81,3 +82,33 @@ def test_progress_is_forwarded(runner, tmp_path):
                       "artifact_dir": str(tmp_path)}, timeout_s=120, on_progress=seen.append)
     assert out.state == "done", out.error
     assert any("warm-up" in s for s in seen)
+
+
+def test_job_timeout_does_not_count_the_runner_start(tmp_path):
+    # a start that takes 2 s (as torch's import can on a busy host) must not eat a 1 s job budget
+    r = Runner(prepare=functools.partial(time.sleep, 2.0))
+    try:
+        out = r.run(job(tmp_path, x=1), timeout_s=1.0)
+        assert out.state == "done", out.error
+    finally:
+        r.stop()
+
+
+def test_runner_that_dies_while_starting_is_a_failed_job(tmp_path):
+    r = Runner(prepare=functools.partial(os._exit, 3))
+    out = r.run(job(tmp_path), timeout_s=60)
+    assert out.state == "failed" and "exited before it was ready (exit code 3)" in out.error
+    assert "did not run" in out.error and r.pid is None
+
+
+def test_runner_start_is_bounded(tmp_path):
+    r = Runner(startup_timeout_s=1.0, prepare=functools.partial(time.sleep, 60))
+    t0 = time.monotonic()
+    out = r.run(job(tmp_path), timeout_s=60)
+    assert out.state == "failed" and "did not start within 1 s" in out.error
+    assert time.monotonic() - t0 < 30 and r.pid is None
+
+
+def test_startup_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="startup_timeout_s"):
+        Runner(startup_timeout_s=0)
