@@ -1,0 +1,48 @@
+"""The deferred `running` report: sent once, never for a job that ended first, never after the result."""
+import threading
+import time
+
+from worker.tasks import RunningReport
+
+
+def test_short_job_sends_nothing():
+    sent = []
+    r = RunningReport(lambda: sent.append(1), delay_s=0.3).start()
+    r.finish()
+    time.sleep(0.5)
+    assert sent == []
+
+
+def test_long_job_sends_once_after_the_delay():
+    sent = []
+    r = RunningReport(lambda: sent.append(time.monotonic()), delay_s=0.05).start()
+    time.sleep(0.4)
+    r.now()  # e.g. a progress line later: no second report
+    r.finish()
+    assert len(sent) == 1
+
+
+def test_now_sends_at_once_and_the_timer_does_not_repeat_it():
+    sent = []
+    r = RunningReport(lambda: sent.append(1), delay_s=0.1).start()
+    r.now()
+    assert sent == [1]
+    time.sleep(0.3)
+    r.finish()
+    assert sent == [1]
+
+
+def test_finish_waits_for_a_report_in_flight():
+    order = []
+    started = threading.Event()
+
+    def slow_send():
+        started.set()
+        time.sleep(0.3)
+        order.append("running")
+
+    r = RunningReport(slow_send, delay_s=0.01).start()
+    assert started.wait(2)
+    r.finish()  # the job's result would be published right after this returns
+    order.append("result")
+    assert order == ["running", "result"]
