@@ -39,9 +39,9 @@ class Recorder(threading.Thread):
             with session(self.engine) as db:
                 if apply_event(db, body):
                     self.applied += 1
-            message.ack()
             if self.changes is not None:
-                self.changes.bump()
+                self.changes.bump()  # committed: wake held requests before the broker round trip of the ack
+            message.ack()
         except Exception:  # noqa: BLE001 - keep consuming; the message is retried later
             log.exception("could not record event %r", body)
             message.requeue()

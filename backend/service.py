@@ -25,8 +25,11 @@ def job_payload(job: Job, sweep: Sweep) -> dict[str, Any]:
 
 
 def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, settings: BackendSettings,
-                 source: str = "api") -> tuple[Sweep, int]:
-    """Validate, store the sweep and its jobs, then queue one task per job. Raises SweepInputError."""
+                 source: str = "api") -> tuple[Sweep, list[Job]]:
+    """Validate, store the sweep and its jobs, then queue one task per job. Raises SweepInputError.
+
+    Returns the sweep and its jobs as created (all `queued`, or all `failed` if the broker refused them).
+    """
     repeats = body.repeats or 1
     cells = expand_grid(body.suite, body.params, settings.max_grid_cells // repeats if repeats > 1
                         else settings.max_grid_cells)
@@ -47,7 +50,7 @@ def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, 
                 j.state, j.error, j.finished_at = "failed", f"could not queue the job: {exc}", time.time()
             db.add_all(jobs)
             db.commit()
-    return sweep, len(jobs)
+    return sweep, jobs
 
 
 def state_counts(db: Session, sweep_ids: list[int]) -> dict[int, dict[str, int]]:

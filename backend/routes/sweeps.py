@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
@@ -23,10 +24,11 @@ def _get_sweep(db, sweep_id: int) -> Sweep:
 @router.post("", status_code=201, dependencies=[WriteAuth])
 def create_sweep(body: SweepCreate, db: SessionDep, settings: SettingsDep, dispatcher: DispatcherDep) -> dict:
     try:
-        sweep, n = service.create_sweep(db, dispatcher, body, settings)
+        sweep, jobs = service.create_sweep(db, dispatcher, body, settings)
     except SweepInputError as exc:
         raise HTTPException(422, detail=exc.errors) from exc
-    return {"id": sweep.id, "status": service.get_summary(db, sweep)["status"], "jobs": n}
+    # the status of the jobs just written, without reading them back
+    return {"id": sweep.id, "status": service.sweep_status(Counter(j.state for j in jobs), False), "jobs": len(jobs)}
 
 
 @router.get("", dependencies=[ReadAuth])

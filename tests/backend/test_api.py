@@ -36,6 +36,19 @@ def test_health_and_openapi(client):
     assert "/api/sweeps" in spec["paths"] and "/api/sweeps/{sweep_id}/results" in spec["paths"]
 
 
+def test_broker_down_fails_every_job_with_the_reason_and_loses_nothing(client, monkeypatch):
+    def refuse(jobs, queue):
+        raise ConnectionError("broker at redis://nowhere refused the connection")
+
+    monkeypatch.setattr(client.app_ref.state.dispatcher, "send", refuse)
+    r = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}})
+    assert r.status_code == 201 and r.json()["jobs"] == 2
+    assert r.json()["status"] == client.get(f"/api/sweeps/{r.json()['id']}").json()["status"] == "done"
+    rows = client.get(f"/api/sweeps/{r.json()['id']}/results").json()
+    assert [row["state"] for row in rows] == ["failed", "failed"]
+    assert all("could not queue the job" in row["error"] and "refused" in row["error"] for row in rows)
+
+
 def test_suites_carry_json_schema(client):
     suites = {s["name"]: s for s in client.get("/api/suites").json()}
     assert {"attention", "model", "ddp", "allreduce", "noop"} <= set(suites)

@@ -18,8 +18,8 @@ def db(tmp_path):
 
 
 def _one_job(db) -> Job:
-    sweep, n = create_sweep(db, None, SweepCreate(suite="noop", params={"x": 1}), db.settings)
-    assert n == 1
+    sweep, jobs = create_sweep(db, None, SweepCreate(suite="noop", params={"x": 1}), db.settings)
+    assert [j.state for j in jobs] == ["queued"]
     return db.query(Job).filter(Job.sweep_id == sweep.id).one()
 
 
