@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 from kombu import Exchange, Queue
+from kombu.transport import TRANSPORT_ALIASES
 
 from worker.settings import WorkerSettings, get_worker_settings
 
@@ -16,11 +17,15 @@ RESULTS_EXCHANGE = Exchange("benchlab.results", type="direct", durable=True)
 RESULTS_QUEUE = Queue("results", RESULTS_EXCHANGE, routing_key="results", durable=True)
 DEFAULT_QUEUE = "default"
 RUN_JOB_TASK = "benchlab.run_job"
+# the embedded broker: kombu's filesystem transport with atomic writes and claims (worker/fsbroker.py)
+EMBEDDED_TRANSPORT = "benchlabfs"
+TRANSPORT_ALIASES.setdefault(EMBEDDED_TRANSPORT, "worker.fsbroker:Transport")
 
 
 def make_celery(settings: WorkerSettings | None = None) -> Celery:
     settings = settings or get_worker_settings()
-    app = Celery("benchlab", broker=settings.effective_broker_url)
+    broker = f"{EMBEDDED_TRANSPORT}://" if settings.is_embedded_broker else settings.effective_broker_url
+    app = Celery("benchlab", broker=broker)
     transport_options: dict = {}
     if settings.is_embedded_broker:
         folder = settings.broker_dir
