@@ -110,8 +110,10 @@ def main() -> int:
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/8")
     args = ap.parse_args()
 
-    from backend.localstack import Stack
+    from backend.localstack import Stack, exit_on_sigterm
     from worker.harness import fingerprint
+
+    exit_on_sigterm()  # a run killed by `timeout` still stops the API and worker it started
 
     result: dict = {"env": fingerprint()}
     for broker in ("embedded", "redis"):

@@ -17,6 +17,12 @@ from backend.models import UNFINISHED_STATUSES
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (what `timeout` and most supervisors send) into SystemExit, so `finally` blocks
+    run and a Stack started by this process is stopped instead of left running."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
