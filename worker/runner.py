@@ -147,23 +147,33 @@ class Runner:
         """Block until the new child says ready; kill it and raise RunnerStartError if it cannot."""
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            try:
+                message = self._next_message(deadline)
+            except (EOFError, OSError):
+                raise RunnerStartError(f"runner process exited before it was ready ({self._reap()})") from None
+            if message is None:
                 self.kill()
                 raise RunnerStartError(f"runner process did not start within {self.startup_timeout_s:g} s")
-            try:
-                if not self._conn.poll(min(remaining, 0.5)):
-                    if self._proc.is_alive():
-                        continue
-                    raise EOFError
-                kind, _ = self._conn.recv()
-                if kind == "ready":
-                    return
-            except (EOFError, OSError):
-                self._proc.join(1)
-                code = self._proc.exitcode
-                self.kill()
-                raise RunnerStartError(f"runner process exited before it was ready (exit code {code})") from None
+            if message[0] == "ready":
+                return
+
+    def _next_message(self, deadline: float) -> tuple[str, Any] | None:
+        """The child's next message, or None once `deadline` (monotonic) passes. EOFError: the child is gone."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if self._conn.poll(min(remaining, 0.5)):
+                return self._conn.recv()
+            if not self._proc.is_alive():
+                raise EOFError
+
+    def _reap(self) -> str:
+        """After the child went away: collect its exit status, drop it, and say how it ended."""
+        self._proc.join(1)
+        code = self._proc.exitcode
+        self.kill()
+        return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
     def _ensure(self, fresh: bool) -> None:
         alive = self._proc is not None and self._proc.is_alive()
@@ -214,28 +224,19 @@ class Runner:
             return Outcome("failed", error="runner process was not reachable; it has been replaced")
         self.jobs_run += 1
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            try:
+                message = self._next_message(deadline)
+            except (EOFError, OSError):
+                how = self._reap()
+                return Outcome("failed", error=f"runner process died during the job ({how}); it has been replaced",
+                               duration_s=time.monotonic() - t0,
+                               artifacts=list_artifacts(Path(job["artifact_dir"])))
+            if message is None:
                 self.kill()
                 return Outcome("timeout", error=f"job exceeded its timeout of {timeout_s:g} s; the runner was killed",
                                duration_s=time.monotonic() - t0,
                                artifacts=list_artifacts(Path(job["artifact_dir"])))
-            try:
-                ready = self._conn.poll(min(remaining, 0.5))
-                if not ready:
-                    if not self._proc.is_alive():
-                        raise EOFError
-                    continue
-                kind, payload = self._conn.recv()
-            except (EOFError, OSError):
-                code = self._proc.exitcode if self._proc is not None else None
-                self._proc.join(1) if self._proc is not None else None
-                code = self._proc.exitcode if self._proc is not None else code
-                self.kill()
-                how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                return Outcome("failed", error=f"runner process died during the job ({how}); it has been replaced",
-                               duration_s=time.monotonic() - t0,
-                               artifacts=list_artifacts(Path(job["artifact_dir"])))
+            kind, payload = message
             if kind == "progress":
                 if on_progress is not None:
                     on_progress(payload)

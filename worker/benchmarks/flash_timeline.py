@@ -53,6 +53,17 @@ def timeline(trace: dict, iters: int) -> dict:
                               for k, v in sorted(calls.items(), key=lambda kv: -sum(kv[1]))}}
 
 
+def chrome_trace(prof, keep: Path | None = None) -> dict:
+    """The profiler's Chrome trace as a dict; also written to `keep` if given."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = keep or Path(tmp) / "trace.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
+
+
 def sustained(fwd_bwd, clear, flush, iters: int) -> dict:
     """Events and profiler on the same `iters` iterations, with the SM clock sampled every 50 ms.
 
@@ -84,12 +95,7 @@ def sustained(fwd_bwd, clear, flush, iters: int) -> dict:
     if smi is not None:
         smi.terminate()
         smi.wait()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
-    rows = timeline(trace, iters)["iterations"]
+    rows = timeline(chrome_trace(prof), iters)["iterations"]
     event_ms = [s.elapsed_time(e) for s, e in pairs]
     names = sorted({k["name"] for r in rows for k in r["kernels"]})
     durs = {n: [k["dur_us"] for r in rows for k in r["kernels"] if k["name"] == n] for n in names}
@@ -166,12 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             flush()
             fwd_bwd()
         torch.cuda.synchronize()
-    trace_path = args.trace or args.out.with_suffix(".trace.json")
-    trace_path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace_path))
-    report["timeline"] = timeline(json.loads(trace_path.read_text()), args.iters)
-    if args.trace is None:
-        trace_path.unlink()
+    report["timeline"] = timeline(chrome_trace(prof, keep=args.trace), args.iters)
 
     # the same loop from a CUDA graph: no host in the way, so span - kernel time is launch-free
     try:
