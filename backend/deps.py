@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from typing import Annotated, AsyncIterator
+from urllib.parse import quote
 
 from fastapi import Depends, Header, HTTPException, Request
 from sqlmodel import Session
@@ -16,6 +17,7 @@ from sqlmodel import Session
 from backend.changes import ChangeFeed
 from backend.db import session
 from backend.dispatch import Dispatcher
+from backend.security import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, valid_bearer, valid_session
 from backend.settings import BackendSettings
 
 
@@ -36,22 +38,40 @@ async def get_changes(request: Request) -> ChangeFeed:
     return request.app.state.changes
 
 
-def _check_token(settings: BackendSettings, authorization: str | None) -> None:
-    if not settings.api_token:
+def _authorize(request: Request, authorization: str | None, write: bool) -> None:
+    """Token in the Authorization header, or (browsers) the session cookie plus, for writes, the CSRF echo."""
+    settings = request.app.state.settings
+    if not settings.api_token or valid_bearer(settings, authorization):
         return
-    expected = f"Bearer {settings.api_token}"
-    if not authorization or not secrets.compare_digest(authorization.encode(), expected.encode()):
-        raise HTTPException(401, detail="missing or wrong API token: send Authorization: Bearer <token>",
-                            headers={"WWW-Authenticate": "Bearer"})
+    if valid_session(settings, request.cookies.get(SESSION_COOKIE)):
+        if write:
+            cookie, echo = request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)
+            if not cookie or not echo or not secrets.compare_digest(cookie.encode(), echo.encode()):
+                raise HTTPException(403, detail="CSRF check failed: a write signed in by cookie must send the "
+                                                "benchlab_csrf cookie's value in X-CSRF-Token")
+        return
+    raise HTTPException(401, detail="missing or wrong API token: send Authorization: Bearer <token> "
+                                    "(or sign in at /login)", headers={"WWW-Authenticate": "Bearer"})
 
 
 async def require_write(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    _check_token(request.app.state.settings, authorization)
+    _authorize(request, authorization, write=True)
 
 
 async def require_read(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
     if request.app.state.settings.protect_reads:
-        _check_token(request.app.state.settings, authorization)
+        _authorize(request, authorization, write=False)
+
+
+async def require_page_read(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """Pages under BENCHLAB_PROTECT_READS: a browser that is not signed in is sent to /login."""
+    if not request.app.state.settings.protect_reads:
+        return
+    try:
+        _authorize(request, authorization, write=False)
+    except HTTPException:
+        target = quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""), safe="")
+        raise HTTPException(303, detail="sign in first", headers={"Location": f"/login?next={target}"}) from None
 
 
 SessionDep = Annotated[Session, Depends(get_db)]
@@ -60,3 +80,4 @@ DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 ChangesDep = Annotated[ChangeFeed, Depends(get_changes)]
 WriteAuth = Depends(require_write)
 ReadAuth = Depends(require_read)
+PageAuth = Depends(require_page_read)

@@ -5,12 +5,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from backend.changes import ChangeFeed
-from backend.db import make_engine
+from backend.changes import ChangeFeed, WaiterLimit
+from backend.db import make_engine, prepare_schema
 from backend.dispatch import Dispatcher
 from backend.pages import router as pages_router
 from backend.recorder import Recorder
-from backend.routes import health, jobs, suites, sweeps
+from backend.errors import COMMON_ERRORS, install_error_handlers
+from backend.routes import health, jobs, suites, sweeps, workers
+from backend.security import GuardMiddleware
 from backend.settings import BackendSettings, get_settings
 
 
@@ -21,7 +23,10 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
     async def lifespan(app: FastAPI):
         app.state.recorder = None
         if with_recorder:
-            app.state.recorder = Recorder(app.state.dispatcher.app, app.state.engine, app.state.changes)
+            app.state.recorder = Recorder(app.state.dispatcher.app, app.state.engine, app.state.changes,
+                                          worker_settings=app.state.dispatcher.worker_settings,
+                                          lost_after_s=settings.worker_lost_after_s,
+                                          reap_interval_s=settings.reap_interval_s)
             app.state.recorder.start()
         yield
         if app.state.recorder is not None:
@@ -32,9 +37,13 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
                   description="Run and compare GPU benchmarks of attention kernels and data-parallel training.")
     app.state.settings = settings
     app.state.engine = make_engine(settings)
+    prepare_schema(app.state.engine, settings.auto_migrate)
     app.state.dispatcher = Dispatcher(settings)
     app.state.changes = ChangeFeed()
     app.state.recorder = None
-    for r in (health.router, suites.router, sweeps.router, jobs.router, pages_router):
-        app.include_router(r)
+    app.state.waiters = WaiterLimit(settings.max_waiters)
+    for r in (health.router, suites.router, sweeps.router, jobs.router, workers.router, pages_router):
+        app.include_router(r, responses=COMMON_ERRORS)
+    app.add_middleware(GuardMiddleware, settings=settings)
+    install_error_handlers(app)
     return app

@@ -1,19 +1,45 @@
-"""SQLModel tables: sweeps, jobs (one per grid cell and repeat), results (per attempt), environments."""
+"""SQLModel tables and the API's request and response models.
+
+Tables: sweeps, jobs (one per grid cell and repeat), results (one per attempt of a job),
+environments (fingerprints, stored once), workers (the last heartbeat of each), dead letters
+(results-queue messages the recorder could not apply). The schema is versioned by Alembic
+(backend/migrations); a change to a table here needs a migration there.
+"""
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
 
-from sqlalchemy import JSON, Column
+from pydantic import field_validator
+from sqlalchemy import JSON, Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-JOB_STATES = ("queued", "running", "done", "skipped", "failed", "oom", "timeout", "cancelled")
-FINAL_STATES = ("done", "skipped", "failed", "oom", "timeout", "cancelled")
-UNFINISHED_STATUSES = ("queued", "running")  # sweep statuses that a wait keeps waiting through
-RETRYABLE_STATES = ("failed", "oom", "timeout")
+from worker.contract import (FINAL_STATES, JOB_STATES, QUEUE_PATTERN, RETRYABLE_STATES,  # noqa: F401 (re-exported)
+                             UNFINISHED_STATES, UNFINISHED_STATUSES, reserved_queue)
+
+MAX_NAME_CHARS = 200
+MAX_TAGS = 50
+MAX_TAG_CHARS = 200
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _no_surrogates(value: Any, where: str) -> None:
+    """Lone surrogates can be sent as JSON escapes but not stored or encoded as UTF-8: refuse them."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not valid text")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _no_surrogates(k, where)
+            _no_surrogates(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for v in value:
+            _no_surrogates(v, where)
+
+
+# -- sweeps ------------------------------------------------------------------------------------------
 class SweepBase(SQLModel):
     suite: str = Field(index=True)
     name: str | None = None
@@ -24,17 +50,53 @@ class SweepBase(SQLModel):
     timeout_s: float | None = None
 
 
-class SweepCreate(SQLModel):
+class SweepCreate(SweepBase):
     """Body of POST /api/sweeps. A list value in params is a grid axis."""
 
-    suite: str
+    suite: str = Field(max_length=100)
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS)
     params: dict[str, Any] = Field(default_factory=dict)
-    name: str | None = None
-    tags: dict[str, str] | None = None
+    tags: dict[str, str] | None = Field(None, description=f"at most {MAX_TAGS}, names and values <= {MAX_TAG_CHARS} chars")
+    timeout_s: float | None = Field(None, gt=0, description="per job; at most BENCHLAB_MAX_JOB_TIMEOUT_S")
     repeats: int | None = Field(None, ge=1, le=100)
-    queue: str | None = Field(None, max_length=100, regex=r"^[A-Za-z0-9_.\-]+$")
-    timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+    queue: str | None = Field(None, max_length=100, schema_extra={"pattern": QUEUE_PATTERN})
     fresh_process: bool = False
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.fullmatch(QUEUE_PATTERN, v):
+            raise ValueError("queue names are 1-100 letters, digits, '_', '.', '-', starting with a letter or digit")
+        if reserved_queue(v):
+            raise ValueError(f"queue {v!r} is reserved for benchlab's own messages")
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tag_limits(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_TAGS:
+            raise ValueError(f"at most {MAX_TAGS} tags, got {len(v)}")
+        for k, val in v.items():
+            if not k or len(k) > MAX_TAG_CHARS or len(val) > MAX_TAG_CHARS:
+                raise ValueError(f"tag names are 1-{MAX_TAG_CHARS} characters and values at most {MAX_TAG_CHARS}")
+        _no_surrogates(v, "tags")
+        return v
+
+    @field_validator("name", "suite")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        _no_surrogates(v, "text")
+        return v
+
+    @field_validator("params")
+    @classmethod
+    def _params_text(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _no_surrogates(v, "params")
+        return v
 
 
 class Sweep(SweepBase, table=True):
@@ -47,6 +109,54 @@ class Sweep(SweepBase, table=True):
     fresh_process: bool = False
 
 
+class SweepCreated(SQLModel):
+    id: int
+    status: str
+    jobs: int
+
+
+class SweepPublic(SQLModel):
+    id: int
+    name: str | None
+    suite: str
+    params: dict[str, Any]
+    tags: dict[str, str]
+    repeats: int
+    queue: str
+    created_at: float
+    status: str
+    jobs: int
+    counts: dict[str, int]
+    source: str
+
+
+class SweepAction(SQLModel):
+    id: int
+    requeued: int | None = None
+    cancelled: int | None = None
+
+
+class ResultRow(SQLModel):
+    """One row of GET /api/sweeps/{id}/results: a job with its latest attempt's metrics."""
+
+    job_id: int
+    cell: int
+    repeat: int
+    params: dict[str, Any]
+    state: str
+    metrics: dict[str, Any]
+    nonfinite: list[str]
+    error: str | None
+    worker: str | None
+    attempts: int
+    started_at: float | None
+    finished_at: float | None
+    duration_s: float | None
+    env_id: int | None
+    artifacts: list[dict[str, Any]]
+
+
+# -- jobs and results ------------------------------------------------------------------------------
 class Environment(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     digest: str = Field(index=True, unique=True)
@@ -72,14 +182,106 @@ class Job(SQLModel, table=True):
 
 
 class Result(SQLModel, table=True):
-    """The metrics of one attempt of one job (a retried job keeps its earlier attempts)."""
+    """The metrics of one attempt of one job (a retried job keeps its earlier attempts).
 
+    (job_id, attempt) is unique: a redelivered message, or a result arriving after the reaper
+    declared the worker lost, does not write a second row.
+    """
+
+    __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_result_job_attempt"),)
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id", index=True)
     attempt: int = 1
     state: str
     metrics: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    nonfinite: list[str] = Field(default_factory=list, sa_column=Column(JSON))
     artifacts: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON))
     duration_s: float | None = None
     env_id: int | None = Field(default=None, foreign_key="environment.id")
     created_at: float = Field(default_factory=time.time)
+
+
+class JobPublic(SQLModel):
+    id: int
+    sweep_id: int
+    cell: int
+    repeat: int
+    params: dict[str, Any]
+    state: str
+    attempts: int
+    worker: str | None
+    progress: str | None
+    error: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    metrics: dict[str, Any]
+    nonfinite: list[str]
+    artifacts: list[dict[str, Any]]
+    env: dict[str, Any] | None
+    history: list[dict[str, Any]]
+
+
+class ArtifactStored(SQLModel):
+    job_id: int
+    name: str
+    size: int
+
+
+# -- workers and the recorder ------------------------------------------------------------------------
+class WorkerRow(SQLModel, table=True):
+    """The last heartbeat of each worker; the reaper reads it to find jobs whose worker is gone."""
+
+    __tablename__ = "worker"
+    name: str = Field(primary_key=True)
+    hostname: str = ""
+    pid: int = 0
+    queues: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    gpus: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    commit: str | None = None
+    current_job: int | None = None
+    current_attempt: int | None = None
+    first_seen: float = Field(default_factory=time.time)
+    last_seen: float = Field(default_factory=time.time, index=True)
+    stopping: bool = False
+
+
+class DeadLetter(SQLModel, table=True):
+    """A results-queue message the recorder could not apply: kept, listed and counted, never retried forever."""
+
+    __tablename__ = "dead_letter"
+    id: int | None = Field(default=None, primary_key=True)
+    received_at: float = Field(default_factory=time.time, index=True)
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    error: str = Field(sa_column=Column(Text, nullable=False))
+    tries: int = 1
+
+
+class WorkerPublic(SQLModel):
+    name: str
+    hostname: str
+    queues: list[str]
+    gpus: list[str]
+    commit: str | None
+    current_job: int | None
+    last_seen: float
+    alive: bool
+
+
+class HealthPublic(SQLModel):
+    status: str
+    time: float
+    broker: str
+    broker_ok: bool
+    database: str
+    schema_revision: str | None
+    recorder: bool
+    events_recorded: int
+    dead_letters: int
+    workers_alive: int
+
+
+class ErrorPublic(SQLModel):
+    """Every 4xx/5xx answer: `detail` says what was wrong (a string, or a list of {loc, msg} for input)."""
+
+    detail: Any

@@ -1,29 +1,45 @@
-"""HTML pages: `/` (sweeps and the new-sweep form), `/sweeps/{id}`, `/compare?a=&b=`."""
+"""HTML pages: `/` (sweeps and the new-sweep form), `/sweeps/{id}`, `/compare?a=&b=`, `/login`.
+
+JSON reaches page script only through Jinja's `tojson` (script-safe: `<`, `>`, `&` and `'` are
+escaped), and every inline script carries the request's CSP nonce (backend/security.py).
+"""
 from __future__ import annotations
 
 import json
+import secrets
+from collections import OrderedDict
+from typing import Annotated
+from urllib.parse import urlsplit
 
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from backend import service
-from backend.deps import ReadAuth, SessionDep
+from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Environment, Sweep
 from backend.routes.suites import suite_info
+from backend.security import CSRF_COOKIE, SESSION_COOKIE, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
 from frontend.charts import compare_figure, compare_rows, sweep_figures
 from worker.suites import suite_names
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 templates = Jinja2Templates(directory=str(TEMPLATE_DIR))
+DbId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
-@router.get("/", response_class=HTMLResponse)
+def _render(request: Request, name: str, context: dict, status_code: int = 200) -> HTMLResponse:
+    settings = request.app.state.settings
+    context = {**context, "csp_nonce": request.scope.get("state", {}).get("csp_nonce", ""),
+               "auth_enabled": bool(settings.api_token)}
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+@router.get("/", response_class=HTMLResponse, dependencies=[PageAuth])
 def index(request: Request, db: SessionDep):
     suites = [suite_info(n) for n in suite_names()]
-    return templates.TemplateResponse(request, "index.html", {
-        "sweeps": service.list_sweeps(db, limit=200), "suites": suites, "suites_json": json.dumps(suites)})
+    return _render(request, "index.html", {"sweeps": service.list_sweeps(db, limit=200), "suites": suites})
 
 
 def _sweep_or_404(db, sweep_id: int) -> Sweep:
@@ -33,23 +49,45 @@ def _sweep_or_404(db, sweep_id: int) -> Sweep:
     return sweep
 
 
-@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
-def sweep_page(sweep_id: int, request: Request, db: SessionDep):
+@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse, dependencies=[PageAuth])
+def sweep_page(sweep_id: DbId, request: Request, db: SessionDep):
     sweep = _sweep_or_404(db, sweep_id)
-    return templates.TemplateResponse(request, "sweep.html", {"sweep": sweep, "summary": service.get_summary(db, sweep)})
+    return _render(request, "sweep.html", {"sweep": sweep, "summary": service.get_summary(db, sweep)})
+
+
+# the last figures built per sweep, keyed by the sweep's version: a poll that finds nothing new
+# costs three small queries, and a page opened twice builds its figures once
+_DATA_CACHE: OrderedDict[tuple[str, int], tuple[str, str]] = OrderedDict()
+_DATA_CACHE_SIZE = 16
 
 
 @router.get("/sweeps/{sweep_id}/data", dependencies=[ReadAuth])
-def sweep_data(sweep_id: int, db: SessionDep) -> dict:
-    """What the sweep page polls: summary, rows (with progress lines), figures, environments."""
+def sweep_data(sweep_id: DbId, db: SessionDep,
+               key: str | None = Query(None, max_length=200, description="the `key` of the last answer: when "
+                                                                         "nothing changed since, no rows or figures")):
+    """What the sweep page polls: summary, rows (with progress lines), figures, environments, and `key`."""
     sweep = _sweep_or_404(db, sweep_id)
-    rows = service.result_rows(db, sweep_id)
-    progress = service.progress_lines(db, sweep_id)
-    for r in rows:
-        r["progress"] = progress.get(r["job_id"])
-    envs = sorted({r["env_id"] for r in rows if r["env_id"]})
-    return {"summary": service.get_summary(db, sweep), "rows": rows, "figures": sweep_figures(sweep.suite, rows),
-            "environments": envs, "progress_key": hash(tuple(sorted(progress.items())))}
+    summary = service.get_summary(db, sweep)
+    version = service.sweep_version(db, sweep_id)
+    if key == version:
+        return Response(json.dumps({"summary": summary, "key": version, "unchanged": True}),
+                        media_type="application/json")
+    cache_key = (str(db.get_bind().url), sweep_id)
+    cached = _DATA_CACHE.get(cache_key)
+    if cached is None or cached[0] != version:
+        rows = service.result_rows(db, sweep_id)
+        progress = service.progress_lines(db, sweep_id)
+        for r in rows:
+            r["progress"] = progress.get(r["job_id"])
+        envs = sorted({r["env_id"] for r in rows if r["env_id"]})
+        body = json.dumps({"rows": rows, "figures": sweep_figures(sweep.suite, rows), "environments": envs})
+        cached = (version, body)
+        _DATA_CACHE[cache_key] = cached
+        _DATA_CACHE.move_to_end(cache_key)
+        while len(_DATA_CACHE) > _DATA_CACHE_SIZE:
+            _DATA_CACHE.popitem(last=False)
+    head = json.dumps({"summary": summary, "key": version, "unchanged": False})
+    return Response(head[:-1] + "," + cached[1][1:], media_type="application/json")
 
 
 def _env_diff(db, rows_a, rows_b) -> list[tuple[str, str, str]]:
@@ -69,17 +107,56 @@ def _env_diff(db, rows_a, rows_b) -> list[tuple[str, str, str]]:
     return out
 
 
-@router.get("/compare", response_class=HTMLResponse)
-def compare(request: Request, db: SessionDep, a: int, b: int):
+@router.get("/compare", response_class=HTMLResponse, dependencies=[PageAuth])
+def compare(request: Request, db: SessionDep, a: Annotated[int, Query(ge=1, le=2**63 - 1)],
+            b: Annotated[int, Query(ge=1, le=2**63 - 1)]):
     sa, sb = _sweep_or_404(db, a), _sweep_or_404(db, b)
     rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
     matched = compare_rows(rows_a, rows_b)
     keys = sorted({k for m in matched for k in m["params"]
                    if len({json.dumps(x["params"].get(k)) for x in matched}) > 1}) or sorted(
         matched[0]["params"])[:4] if matched else []
-    return templates.TemplateResponse(request, "compare.html", {
+    return _render(request, "compare.html", {
         "a": sa, "b": sb, "matched": matched, "keys": keys, "env_diff": _env_diff(db, rows_a, rows_b),
-        "figure_json": json.dumps(compare_figure(matched))})
+        "figure": compare_figure(matched)})
+
+
+# -- signing in (browsers) ---------------------------------------------------------------------------
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site: no scheme, no host, no `//` (an open redirect otherwise)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    parts = urlsplit(target)
+    return "/" if parts.scheme or parts.netloc else target
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str | None = Query(None, max_length=2000)):
+    return _render(request, "login.html", {"next": _safe_next(next), "error": None})
+
+
+@router.post("/login")
+def login(request: Request, settings: SettingsDep, token: Annotated[str, Form(max_length=1000)],
+          next: Annotated[str | None, Form(max_length=2000)] = None):
+    if not settings.api_token:
+        return RedirectResponse(_safe_next(next), status_code=303)
+    if not secrets.compare_digest(token.encode(), settings.api_token.encode()):
+        return _render(request, "login.html", {"next": _safe_next(next), "error": "wrong token"}, status_code=401)
+    resp = RedirectResponse(_safe_next(next), status_code=303)
+    secure = request.url.scheme == "https"
+    resp.set_cookie(SESSION_COOKIE, session_value(settings.api_token), httponly=True, samesite="strict",
+                    secure=secure, max_age=30 * 24 * 3600)
+    resp.set_cookie(CSRF_COOKIE, secrets.token_urlsafe(24), httponly=False, samesite="strict", secure=secure,
+                    max_age=30 * 24 * 3600)
+    return resp
+
+
+@router.post("/logout")
+def logout():
+    resp = RedirectResponse("/login", status_code=303)
+    resp.delete_cookie(SESSION_COOKIE)
+    resp.delete_cookie(CSRF_COOKIE)
+    return resp
 
 
 @router.get("/static/plotly.min.js")

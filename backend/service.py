@@ -12,16 +12,35 @@ from typing import Any
 from sqlalchemy import Text, cast, func
 from sqlmodel import Session, select
 
-from backend.dispatch import Dispatcher
-from backend.grid import expand_grid
-from backend.models import (FINAL_STATES, JOB_STATES, RETRYABLE_STATES, Environment, Job, Result, Sweep,
-                            SweepCreate)
+from backend.dispatch import Dispatcher, SendError
+from backend.grid import SweepInputError, expand_grid
+from backend.models import (FINAL_STATES, UNFINISHED_STATES, JOB_STATES, RETRYABLE_STATES, DeadLetter, Environment, Job, Result, Sweep,
+                            SweepCreate, WorkerRow)
 from backend.settings import BackendSettings
+from worker.contract import (HeartbeatEvent, JobPayload, ProgressEvent, ResultEvent, RunCell, RunHeader,
+                             StateEvent)
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker cannot take messages now; the request changed nothing (answered 503)."""
 
 
 def job_payload(job: Job, sweep: Sweep) -> dict[str, Any]:
-    return {"job_id": job.id, "sweep_id": sweep.id, "sweep_uid": sweep.uid, "suite": sweep.suite, "params": job.params,
-            "attempt": job.attempts, "timeout_s": sweep.timeout_s, "fresh": sweep.fresh_process}
+    return JobPayload(job_id=job.id, sweep_id=sweep.id, sweep_uid=sweep.uid, suite=sweep.suite, params=job.params,
+                      attempt=job.attempts, timeout_s=sweep.timeout_s, fresh=sweep.fresh_process).model_dump()
+
+
+def _send_or_record(db: Session, dispatcher: Dispatcher, sweep: Sweep, jobs: list[Job]) -> None:
+    """Queue one message per job. A send that fails part-way leaves the unsent jobs `failed` with the
+    reason (never `queued` without a message); the caller checked the broker just before."""
+    try:
+        dispatcher.send([job_payload(j, sweep) for j in jobs], sweep.queue)
+    except SendError as exc:
+        now = time.time()
+        for j in jobs[exc.sent:]:
+            j.state, j.error, j.finished_at = "failed", f"could not queue the job: {exc}", now
+        db.add_all(jobs[exc.sent:])
+        db.commit()
 
 
 def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, settings: BackendSettings,
@@ -31,6 +50,10 @@ def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, 
     Returns the sweep and its jobs as created (all `queued`, or all `failed` if the broker refused them).
     """
     repeats = body.repeats or 1
+    if dispatcher is not None and body.timeout_s is not None and body.timeout_s > dispatcher.max_job_timeout_s:
+        raise SweepInputError([{"loc": ["body", "timeout_s"], "type": "less_than_equal",
+                                "msg": f"timeout_s {body.timeout_s:g} is above the limit of "
+                                       f"{dispatcher.max_job_timeout_s:g} s (BENCHLAB_MAX_JOB_TIMEOUT_S)"}])
     cells = expand_grid(body.suite, body.params, settings.max_grid_cells // repeats if repeats > 1
                         else settings.max_grid_cells)
     sweep = Sweep(suite=body.suite, name=body.name, params=body.params, tags=body.tags or {}, repeats=repeats,
@@ -41,15 +64,11 @@ def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, 
     jobs = [Job(sweep_id=sweep.id, cell_index=i, repeat_index=r, params=cell)
             for i, cell in enumerate(cells) for r in range(repeats)]
     db.add_all(jobs)
+    if dispatcher is not None:
+        dispatcher.check()  # raises BrokerUnavailable before anything is committed
     db.commit()
     if dispatcher is not None:
-        try:
-            dispatcher.send([job_payload(j, sweep) for j in jobs], sweep.queue)
-        except Exception as exc:  # noqa: BLE001 - the broker is down: say so on every job, lose nothing
-            for j in jobs:
-                j.state, j.error, j.finished_at = "failed", f"could not queue the job: {exc}", time.time()
-            db.add_all(jobs)
-            db.commit()
+        _send_or_record(db, dispatcher, sweep, jobs)
     return sweep, jobs
 
 
@@ -94,9 +113,9 @@ def get_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
     return sweep_summary(sweep, state_counts(db, [sweep.id])[sweep.id])
 
 
-_ROW_KEYS = ("job_id", "cell", "repeat", "params", "state", "metrics", "error", "worker", "attempts",
+_ROW_KEYS = ("job_id", "cell", "repeat", "params", "state", "metrics", "nonfinite", "error", "worker", "attempts",
              "started_at", "finished_at", "duration_s", "env_id", "artifacts")
-_JSON_KEYS = {"params": "{}", "metrics": "{}", "artifacts": "[]"}
+_JSON_KEYS = {"params": "{}", "metrics": "{}", "nonfinite": "[]", "artifacts": "[]"}
 
 
 def _results_query(sweep_id: int, raw_json: bool):
@@ -105,7 +124,7 @@ def _results_query(sweep_id: int, raw_json: bool):
               .where(Job.sweep_id == sweep_id).group_by(Result.job_id).subquery())
     as_text = (lambda c: cast(c, Text)) if raw_json else (lambda c: c)  # noqa: E731
     return (select(Job.id, Job.cell_index, Job.repeat_index, as_text(Job.params), Job.state, as_text(Result.metrics),
-                   Job.error, Job.worker, Job.attempts, Job.started_at, Job.finished_at, Result.duration_s,
+                   as_text(Result.nonfinite), Job.error, Job.worker, Job.attempts, Job.started_at, Job.finished_at, Result.duration_s,
                    Job.env_id, as_text(Result.artifacts))
             .where(Job.sweep_id == sweep_id)
             .outerjoin(latest, latest.c.job_id == Job.id)
@@ -162,6 +181,8 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> str:
 
 def retry_sweep(db: Session, dispatcher: Dispatcher | None, sweep: Sweep) -> int:
     """Re-queue the failed, OOM and timed-out cells (new attempt number). Returns how many."""
+    if dispatcher is not None:
+        dispatcher.check()
     jobs = db.exec(select(Job).where(Job.sweep_id == sweep.id, Job.state.in_(RETRYABLE_STATES))).all()
     for j in jobs:
         j.state, j.attempts, j.error, j.progress = "queued", j.attempts + 1, None, None
@@ -174,13 +195,16 @@ def retry_sweep(db: Session, dispatcher: Dispatcher | None, sweep: Sweep) -> int
     db.add_all(jobs)
     db.commit()
     if dispatcher is not None and jobs:
-        dispatcher.send([job_payload(j, sweep) for j in jobs], sweep.queue)
+        _send_or_record(db, dispatcher, sweep, jobs)
     return len(jobs)
 
 
 def cancel_sweep(db: Session, dispatcher: Dispatcher | None, sweep: Sweep) -> int:
-    """Mark the sweep cancelled on the broker (workers skip its queued jobs) and in the database."""
+    """Mark the sweep cancelled on the broker and in the database. Queued jobs become `cancelled` at
+    once (a worker skips their messages); a worker running one of its jobs sees the mark within a
+    second, kills the cell and reports it `cancelled`. Returns how many queued jobs were cancelled."""
     if dispatcher is not None:
+        dispatcher.check()
         dispatcher.cancels.cancel(sweep.uid)
     sweep.cancelled_at = time.time()
     jobs = db.exec(select(Job).where(Job.sweep_id == sweep.id, Job.state == "queued")).all()
@@ -200,7 +224,8 @@ def job_detail(db: Session, job: Job) -> dict[str, Any]:
             "params": job.params, "state": job.state, "attempts": job.attempts, "worker": job.worker,
             "progress": job.progress, "error": job.error, "created_at": job.created_at,
             "started_at": job.started_at, "finished_at": job.finished_at,
-            "metrics": latest.metrics if latest else {}, "artifacts": latest.artifacts if latest else [],
+            "metrics": latest.metrics if latest else {}, "nonfinite": (latest.nonfinite or []) if latest else [],
+            "artifacts": latest.artifacts if latest else [],
             "env": env.data if env else None,
             "history": [{"attempt": r.attempt, "state": r.state, "duration_s": r.duration_s} for r in results]}
 
@@ -226,73 +251,156 @@ def environment_id(db: Session, env: dict[str, Any] | None) -> int | None:
     return e.id
 
 
-def apply_event(db: Session, event: dict[str, Any]) -> bool:
-    """Write one worker message (state, progress or result) to the database. Returns whether it applied.
+def _add_result(db: Session, job: Job, attempt: int, state: str, **fields) -> bool:
+    """Write the result of (job, attempt) unless one is stored already (results are idempotent)."""
+    if db.exec(select(Result.id).where(Result.job_id == job.id, Result.attempt == attempt)).first() is not None:
+        return False
+    db.add(Result(job_id=job.id, attempt=attempt, state=state, **fields))
+    return True
 
-    Stale messages (an earlier attempt of a retried job, a `running` after a final state) are dropped.
+
+def apply_event(db: Session, event: StateEvent | ProgressEvent | ResultEvent | HeartbeatEvent) -> bool:
+    """Write one validated worker message to the database. Returns whether it changed anything.
+
+    Stale messages (an earlier attempt of a retried job, a `running` after a final state, a second
+    result for the same attempt) are dropped.
     """
-    job = db.get(Job, int(event["job_id"]))
-    if job is None:
+    if isinstance(event, HeartbeatEvent):
+        record_heartbeat(db, event)
+        return True
+    job = db.get(Job, event.job_id)
+    if job is None or event.attempt < job.attempts:
         return False
-    attempt = int(event.get("attempt") or job.attempts)
-    if attempt < job.attempts:
-        return False
-    kind = event.get("type")
-    if kind == "state":
+    if isinstance(event, StateEvent):
         if job.state in FINAL_STATES:
             return False
-        job.state, job.worker, job.started_at = event["state"], event.get("worker"), event.get("at", time.time())
-    elif kind == "progress":
+        job.state, job.worker, job.started_at = event.state, event.worker, event.at
+    elif isinstance(event, ProgressEvent):
         if job.state in FINAL_STATES:
             return False
-        job.progress = event.get("message")
-    elif kind == "result":
-        state = event["state"]
-        if state not in FINAL_STATES:
-            state = "failed"
-        if job.state == "cancelled" and state == "cancelled":
-            return False
-        env_id = environment_id(db, event.get("env"))
-        db.add(Result(job_id=job.id, attempt=attempt, state=state, metrics=event.get("metrics") or {},
-                      artifacts=event.get("artifacts") or [], duration_s=event.get("duration_s"), env_id=env_id))
-        job.state, job.error = state, event.get("error")
-        job.worker = event.get("worker") or job.worker
-        job.finished_at = event.get("at", time.time())
-        job.env_id = env_id or job.env_id
-        if job.started_at is None and event.get("duration_s") is not None:
-            job.started_at = job.finished_at - float(event["duration_s"])
+        job.progress = event.message
     else:
-        return False
+        if job.state == "cancelled" and event.state == "cancelled":
+            return False
+        env_id = environment_id(db, event.env)
+        if not _add_result(db, job, event.attempt, event.state, metrics=event.metrics, nonfinite=event.nonfinite,
+                           artifacts=event.artifacts, duration_s=event.duration_s, env_id=env_id):
+            return False
+        job.state, job.error = event.state, event.error
+        job.worker = event.worker or job.worker
+        job.finished_at = event.at
+        job.env_id = env_id or job.env_id
+        if job.started_at is None and event.duration_s is not None:
+            job.started_at = job.finished_at - event.duration_s
     db.add(job)
     db.commit()
     return True
 
 
+def record_heartbeat(db: Session, hb: HeartbeatEvent) -> None:
+    row = db.get(WorkerRow, hb.worker)
+    if row is None:
+        row = WorkerRow(name=hb.worker, first_seen=hb.at, last_seen=hb.at)
+    elif row.last_seen > hb.at:
+        return  # an older heartbeat delivered late
+    row.hostname, row.pid, row.queues, row.gpus, row.commit = hb.hostname, hb.pid, hb.queues, hb.gpus, hb.commit
+    row.current_job = hb.current.job_id if hb.current else None
+    row.current_attempt = hb.current.attempt if hb.current else None
+    row.last_seen, row.stopping = hb.at, hb.stopping
+    db.add(row)
+    db.commit()
+
+
+def _fail_lost(db: Session, job: Job, reason: str, now: float) -> None:
+    _add_result(db, job, job.attempts, "failed", metrics={}, nonfinite=[], artifacts=[],
+                duration_s=(now - job.started_at) if job.started_at else None)
+    job.state, job.error, job.finished_at, job.progress = "failed", f"worker lost: {reason}", now, None
+    db.add(job)
+
+
+def reap_lost_jobs(db: Session, now: float, lost_after_s: float, default_timeout_s: float,
+                   grace_s: float) -> list[int]:
+    """Mark `failed: worker lost` (retryable) every job that cannot end on its own:
+    - the job a worker was running (or `running` under a worker's name) when that worker went silent
+      for `lost_after_s`, or stopped;
+    - a `running` job past its timeout plus `grace_s` (its worker would have killed it by then).
+    Returns the ids of the jobs marked.
+    """
+    reaped: list[int] = []
+    gone = {w.name: w for w in db.exec(select(WorkerRow).where(WorkerRow.last_seen < now - lost_after_s)).all()}
+    live_current = {(w.current_job, w.current_attempt) for w in db.exec(
+        select(WorkerRow).where(WorkerRow.last_seen >= now - lost_after_s)).all() if w.current_job}
+    for w in gone.values():
+        if w.current_job is None:
+            continue
+        job = db.get(Job, w.current_job)
+        if (job is not None and job.state in UNFINISHED_STATES and job.attempts == w.current_attempt
+                and (job.id, job.attempts) not in live_current):
+            _fail_lost(db, job, f"{w.name} stopped sending heartbeats {now - w.last_seen:.0f} s ago", now)
+            reaped.append(job.id)
+    running = db.exec(select(Job, Sweep.timeout_s).join(Sweep, Sweep.id == Job.sweep_id)
+                      .where(Job.state == "running")).all()
+    for job, timeout_s in running:
+        if job.id in reaped:
+            continue
+        if job.worker in gone and (job.id, job.attempts) not in live_current:
+            _fail_lost(db, job, f"{job.worker} stopped sending heartbeats "
+                                f"{now - gone[job.worker].last_seen:.0f} s ago", now)
+            reaped.append(job.id)
+        elif job.started_at is not None and now > job.started_at + (timeout_s or default_timeout_s) + grace_s:
+            _fail_lost(db, job, f"still running {now - job.started_at:.0f} s after it started, past its timeout "
+                                f"of {timeout_s or default_timeout_s:g} s plus {grace_s:g} s", now)
+            reaped.append(job.id)
+    if reaped:
+        db.commit()
+    return reaped
+
+
+MAX_DEAD_LETTER_BYTES = 65536
+
+
+def store_dead_letter(db: Session, body: Any, error: str, tries: int = 1) -> DeadLetter:
+    try:
+        text = body if isinstance(body, str) else json.dumps(body, default=repr)
+    except (TypeError, ValueError):
+        text = repr(body)
+    text = text.encode("utf-8", "replace").decode("utf-8")[:MAX_DEAD_LETTER_BYTES]
+    row = DeadLetter(body=text, error=error[:4000], tries=tries)
+    db.add(row)
+    db.commit()
+    return row
+
+
 def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = None) -> Sweep:
     """Load a `benchlab run --out` file: a header line {"kind": "sweep", ...} then one {"kind": "cell", ...} per job."""
+    from pydantic import ValidationError
+
     from worker.suites import suite_names
 
-    header = next((ln for ln in lines if ln.get("kind") == "sweep"), None)
-    cells = [ln for ln in lines if ln.get("kind") == "cell"]
-    if header is None or not cells:
+    raw_header = next((ln for ln in lines if isinstance(ln, dict) and ln.get("kind") == "sweep"), None)
+    raw_cells = [ln for ln in lines if isinstance(ln, dict) and ln.get("kind") == "cell"]
+    if raw_header is None or not raw_cells:
         raise ValueError("not a benchlab run file: it needs a 'sweep' header line and at least one 'cell' line")
-    if header.get("suite") not in suite_names():
-        raise ValueError(f"unknown suite {header.get('suite')!r} in the header; known: {', '.join(suite_names())}")
-    sweep = Sweep(suite=header["suite"], name=name or header.get("name"), params=header.get("params", {}),
-                  tags=header.get("tags") or {}, repeats=header.get("repeats", 1), source="import")
+    try:
+        header = RunHeader.model_validate(raw_header)
+        cells = [RunCell.model_validate(c) for c in raw_cells]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if header.suite not in suite_names():
+        raise ValueError(f"unknown suite {header.suite!r} in the header; known: {', '.join(suite_names())}")
+    sweep = Sweep(suite=header.suite, name=name or header.name, params=header.params, tags=header.tags,
+                  repeats=header.repeats, source="import")
     db.add(sweep)
     db.flush()
     for c in cells:
-        if c.get("state") not in JOB_STATES:
-            raise ValueError(f"cell {c.get('cell')} has unknown state {c.get('state')!r}")
-        env_id = environment_id(db, c.get("env") or header.get("env"))
-        job = Job(sweep_id=sweep.id, cell_index=c["cell"], repeat_index=c.get("repeat", 0), params=c["params"],
-                  state=c["state"], error=c.get("error"), worker=c.get("worker"), env_id=env_id,
-                  started_at=c.get("started_at"), finished_at=c.get("finished_at"))
+        env_id = environment_id(db, c.env or header.env)
+        job = Job(sweep_id=sweep.id, cell_index=c.cell, repeat_index=c.repeat, params=c.params, state=c.state,
+                  error=c.error, worker=c.worker, env_id=env_id, started_at=c.started_at, finished_at=c.finished_at)
         db.add(job)
         db.flush()
-        db.add(Result(job_id=job.id, state=c["state"], metrics=c.get("metrics") or {}, artifacts=[],
-                      duration_s=c.get("duration_s"), env_id=env_id))
+        db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite, artifacts=[],
+                      duration_s=c.duration_s, env_id=env_id))
     db.commit()
     return sweep
 
@@ -301,3 +409,16 @@ def progress_lines(db: Session, sweep_id: int) -> dict[int, str]:
     """The latest progress line of each running job of a sweep."""
     rows = db.exec(select(Job.id, Job.progress).where(Job.sweep_id == sweep_id, Job.state == "running")).all()
     return {jid: p for jid, p in rows if p}
+
+
+def sweep_version(db: Session, sweep_id: int) -> str:
+    """A short key that changes whenever anything the sweep page shows changes: job states, results
+    (their newest id), attempts and progress lines. Two small indexed queries."""
+    jobs = db.exec(select(func.count(), func.sum(Job.attempts), func.max(Job.finished_at), func.max(Job.started_at))
+                   .where(Job.sweep_id == sweep_id)).one()
+    newest = db.exec(select(func.max(Result.id)).join(Job, Job.id == Result.job_id)
+                     .where(Job.sweep_id == sweep_id)).one()
+    progress = sorted(progress_lines(db, sweep_id).items())
+    counts = sorted(state_counts(db, [sweep_id])[sweep_id].items())
+    raw = json.dumps([list(jobs), newest, counts, progress], default=str)
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]

@@ -19,6 +19,17 @@ class BackendSettings(BaseSettings):
     protect_reads: bool = Field(False, description="with api_token: reads need the token too")
     max_grid_cells: int = Field(10_000, gt=0, description="largest grid one sweep may expand to")
     default_queue: str = "default"
+    auto_migrate: bool = Field(True, description="the API upgrades the schema at start; false: it refuses and "
+                                                 "says to run `benchlab db upgrade`")
+    db_pool_size: int = Field(10, ge=1, description="PostgreSQL connections per process (plus 4 overflow)")
+    max_body_kb: int = Field(1024, ge=1, description="requests with a larger body are refused (413)")
+    max_artifact_mb: float = Field(512.0, gt=0, description="artifact uploads larger than this are refused (413)")
+    max_waiters: int = Field(64, ge=1, description="held GET ?wait_s requests at once; more answer 429")
+    allowed_hosts: str = Field("*", description="comma-separated Host header values the API answers "
+                                                "(against DNS rebinding), e.g. bench.example.com,127.0.0.1")
+    worker_lost_after_s: float = Field(30.0, gt=0, description="a worker silent this long is gone: its job "
+                                                              "is recorded `failed: worker lost`")
+    reap_interval_s: float = Field(5.0, gt=0, description="how often the recorder looks for lost jobs")
 
     @property
     def resolved_data_dir(self) -> Path:

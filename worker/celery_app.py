@@ -3,7 +3,7 @@
 Queues: jobs go to a queue named for what they need (`cpu`, `gpu`, `gpu.h200.x2`, ...; default
 `default`); job results and state changes go back as plain JSON messages on `results`, which the
 recorder beside the API consumes. Long jobs: acks_late, prefetch 1, and a Redis visibility timeout
-above the longest job timeout so a job is not handed out twice while it runs.
+derived from the largest timeout a sweep may ask (BENCHLAB_MAX_JOB_TIMEOUT_S) so a job is not handed out twice while it runs.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
             "polling_interval": settings.broker_poll_interval_s,
         }
     else:
-        transport_options = {"visibility_timeout": int(settings.job_timeout_s * 2 + 3600)}
+        transport_options = {"visibility_timeout": settings.visibility_timeout_s}
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
@@ -58,5 +58,3 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
     )
     return app
 
-
-app = make_celery()

@@ -1,17 +1,23 @@
+"""/api/jobs: one job's detail, and its artifacts (download; upload by workers that share no disk)."""
 from __future__ import annotations
 
+import os
 import re
-import shutil
+import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import FileResponse
 
 from backend import service
 from backend.deps import ReadAuth, SessionDep, SettingsDep, WriteAuth
-from backend.models import Job
+from backend.errors import CONFLICT, NOT_FOUND
+from backend.models import ArtifactStored, ErrorPublic, Job, JobPublic
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a job's id")]
+TOO_LARGE = {413: {"model": ErrorPublic, "description": "Artifact over BENCHLAB_MAX_ARTIFACT_MB"}}
 
 
 def _get_job(db, job_id: int) -> Job:
@@ -22,36 +28,60 @@ def _get_job(db, job_id: int) -> Job:
 
 
 def _artifact_path(settings, job_id: int, name: str):
-    if not _SAFE_NAME.match(name):
-        raise HTTPException(422, detail=f"bad artifact name {name!r}: letters, digits, '.', '_', '-' only")
+    if not _SAFE_NAME.fullmatch(name) or name.endswith(".part"):
+        raise HTTPException(422, detail=[{"loc": ["path", "name"], "type": "value_error",
+                                          "msg": f"bad artifact name {name!r}: 1-200 letters, digits, '.', '_', "
+                                                 f"'-', starting with a letter or digit, not ending in .part"}])
     return settings.artifact_root / f"job_{job_id}" / name
 
 
-@router.get("/{job_id}", dependencies=[ReadAuth])
-def get_job(job_id: int, db: SessionDep) -> dict:
+@router.get("/{job_id}", dependencies=[ReadAuth], response_model=JobPublic, responses=NOT_FOUND)
+def get_job(job_id: JobId, db: SessionDep) -> dict:
     return service.job_detail(db, _get_job(db, job_id))
 
 
-@router.get("/{job_id}/artifacts/{name}", dependencies=[ReadAuth])
-def get_artifact(job_id: int, name: str, db: SessionDep, settings: SettingsDep):
+@router.get("/{job_id}/artifacts/{name}", dependencies=[ReadAuth], responses=NOT_FOUND,
+            response_class=FileResponse)
+def get_artifact(job_id: JobId, name: str, db: SessionDep, settings: SettingsDep):
     _get_job(db, job_id)
     path = _artifact_path(settings, job_id, name)
     if not path.is_file():
         raise HTTPException(404, detail=f"job {job_id} has no artifact {name!r}")
-    return FileResponse(path, filename=name)  # streamed from disk in chunks
+    # an attachment of a neutral type: a download, never rendered by the browser as a page
+    return FileResponse(path, filename=name, media_type="application/octet-stream",
+                        content_disposition_type="attachment", headers={"X-Content-Type-Options": "nosniff"})
 
 
-@router.put("/{job_id}/artifacts/{name}", status_code=201, dependencies=[WriteAuth])
-async def put_artifact(job_id: int, name: str, request: Request, db: SessionDep, settings: SettingsDep) -> dict:
-    """Upload an artifact (a GPU host that shares no disk with the API). The body is streamed to disk."""
+@router.put("/{job_id}/artifacts/{name}", status_code=201, dependencies=[WriteAuth], response_model=ArtifactStored,
+            responses={**NOT_FOUND, **CONFLICT, **TOO_LARGE})
+async def put_artifact(job_id: JobId, name: str, request: Request, db: SessionDep, settings: SettingsDep) -> dict:
+    """Upload an artifact (a GPU host that shares no disk with the API). The body is streamed to a
+    temporary file of its own, which becomes the artifact only when complete; an existing artifact
+    is never replaced (409)."""
     _get_job(db, job_id)
     path = _artifact_path(settings, job_id, name)
+    if path.exists():
+        raise HTTPException(409, detail=f"job {job_id} already has an artifact {name!r}")
+    cap = int(settings.max_artifact_mb * 1024 * 1024)
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > cap:
+        raise HTTPException(413, detail=f"artifact of {int(length)} bytes is over the limit of "
+                                        f"{settings.max_artifact_mb:g} MB (BENCHLAB_MAX_ARTIFACT_MB)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".part")
+    tmp = path.parent / f".{name}.{uuid.uuid4().hex}.part"
     size = 0
-    with tmp.open("wb") as f:
-        async for chunk in request.stream():
-            f.write(chunk)
-            size += len(chunk)
-    shutil.move(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise HTTPException(413, detail=f"artifact over the limit of {settings.max_artifact_mb:g} MB "
+                                                    f"(BENCHLAB_MAX_ARTIFACT_MB)")
+                f.write(chunk)
+        try:
+            os.link(tmp, path)  # atomic, and fails if the name was taken meanwhile
+        except FileExistsError:
+            raise HTTPException(409, detail=f"job {job_id} already has an artifact {name!r}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"job_id": job_id, "name": name, "size": size}

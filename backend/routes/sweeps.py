@@ -1,17 +1,25 @@
+"""/api/sweeps: create (expand the grid, queue the jobs), list, read (optionally held until finished),
+results, retry, cancel."""
 from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from backend import service
+from backend.db import session
 from backend.deps import ChangesDep, DispatcherDep, ReadAuth, SessionDep, SettingsDep, WriteAuth
+from backend.errors import BROKER_DOWN, NOT_FOUND, TOO_MANY_WAITERS
 from backend.grid import SweepInputError
-from backend.models import UNFINISHED_STATUSES, Sweep, SweepCreate
+from backend.models import UNFINISHED_STATUSES, ResultRow, Sweep, SweepAction, SweepCreate, SweepCreated, SweepPublic
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"])
+MAX_DB_ID = 2**63 - 1  # ids are 64-bit: larger ones cannot exist (422, not a database overflow)
+SweepId = Annotated[int, Path(ge=1, le=MAX_DB_ID, description="a sweep's id")]
 
 
 def _get_sweep(db, sweep_id: int) -> Sweep:
@@ -21,7 +29,7 @@ def _get_sweep(db, sweep_id: int) -> Sweep:
     return sweep
 
 
-@router.post("", status_code=201, dependencies=[WriteAuth])
+@router.post("", status_code=201, dependencies=[WriteAuth], response_model=SweepCreated, responses=BROKER_DOWN)
 def create_sweep(body: SweepCreate, db: SessionDep, settings: SettingsDep, dispatcher: DispatcherDep) -> dict:
     try:
         sweep, jobs = service.create_sweep(db, dispatcher, body, settings)
@@ -31,8 +39,9 @@ def create_sweep(body: SweepCreate, db: SessionDep, settings: SettingsDep, dispa
     return {"id": sweep.id, "status": service.sweep_status(Counter(j.state for j in jobs), False), "jobs": len(jobs)}
 
 
-@router.get("", dependencies=[ReadAuth])
-def list_sweeps(db: SessionDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> list[dict]:
+@router.get("", dependencies=[ReadAuth], response_model=list[SweepPublic])
+def list_sweeps(db: SessionDep, limit: int = Query(100, ge=1, le=1000),
+                offset: int = Query(0, ge=0, le=2**31)) -> list[dict]:
     return service.list_sweeps(db, limit, offset)
 
 
@@ -40,25 +49,46 @@ def list_sweeps(db: SessionDep, limit: int = Query(100, ge=1, le=1000), offset: 
 WAIT_RECHECK_S = 0.25
 
 
-@router.get("/{sweep_id}", dependencies=[ReadAuth])
-def get_sweep(sweep_id: int, db: SessionDep, changes: ChangesDep,
-              wait_s: float = Query(0.0, ge=0.0, le=60.0,
-                                    description="hold the answer up to this many seconds until the sweep has "
-                                                "finished (no queued or running cells)")) -> dict:
-    sweep = _get_sweep(db, sweep_id)
-    deadline = time.monotonic() + wait_s
-    while True:
-        seen = changes.version  # read before the query, so a write after it ends the wait below
-        summary = service.get_summary(db, sweep)
-        left = deadline - time.monotonic()
-        if summary["status"] not in UNFINISHED_STATUSES or left <= 0:
-            return summary
-        changes.wait(seen, min(left, WAIT_RECHECK_S))
-        db.rollback()  # end this read snapshot: the next query sees what was committed since
+def _read_summary(engine, sweep_id: int) -> dict | None:
+    with session(engine) as db:  # a short session: no connection is held while the request waits
+        sweep = db.get(Sweep, sweep_id)
+        return None if sweep is None else service.get_summary(db, sweep)
 
 
-@router.get("/{sweep_id}/results", dependencies=[ReadAuth])
-def get_results(sweep_id: int, db: SessionDep, format: str = Query("json", pattern="^(json|csv)$")):
+@router.get("/{sweep_id}", dependencies=[ReadAuth], response_model=SweepPublic,
+            responses={**NOT_FOUND, **TOO_MANY_WAITERS})
+async def get_sweep(sweep_id: SweepId, request: Request, changes: ChangesDep,
+                    wait_s: float = Query(0.0, ge=0.0, le=60.0,
+                                          description="hold the answer up to this many seconds until the sweep has "
+                                                      "finished (no queued or running cells)")) -> dict:
+    engine = request.app.state.engine
+    seen = changes.version  # read before the query, so a write after it ends the wait below
+    summary = await run_in_threadpool(_read_summary, engine, sweep_id)
+    if summary is None:
+        raise HTTPException(404, detail=f"sweep {sweep_id} not found")
+    if wait_s <= 0 or summary["status"] not in UNFINISHED_STATUSES:
+        return summary
+    waiters = request.app.state.waiters
+    if not waiters.try_acquire():
+        raise HTTPException(429, detail=f"too many held waits ({waiters.limit}, BENCHLAB_MAX_WAITERS): "
+                                        f"poll without wait_s or try again", headers={"Retry-After": "1"})
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = deadline - time.monotonic()
+            if summary["status"] not in UNFINISHED_STATUSES or left <= 0:
+                return summary
+            await changes.wait_async(seen, min(left, WAIT_RECHECK_S))
+            seen = changes.version
+            if await request.is_disconnected():
+                return summary
+            summary = await run_in_threadpool(_read_summary, engine, sweep_id) or summary
+    finally:
+        waiters.release()
+
+
+@router.get("/{sweep_id}/results", dependencies=[ReadAuth], response_model=list[ResultRow], responses=NOT_FOUND)
+def get_results(sweep_id: SweepId, db: SessionDep, format: str = Query("json", pattern="^(json|csv)$")):
     _get_sweep(db, sweep_id)
     if format == "csv":
         return Response(service.rows_to_csv(service.result_rows(db, sweep_id)), media_type="text/csv",
@@ -67,13 +97,15 @@ def get_results(sweep_id: int, db: SessionDep, format: str = Query("json", patte
     return Response(service.result_rows_json(db, sweep_id), media_type="application/json")
 
 
-@router.post("/{sweep_id}/retry", dependencies=[WriteAuth])
-def retry(sweep_id: int, db: SessionDep, dispatcher: DispatcherDep) -> dict:
+@router.post("/{sweep_id}/retry", dependencies=[WriteAuth], response_model=SweepAction, response_model_exclude_none=True,
+             responses={**NOT_FOUND, **BROKER_DOWN})
+def retry(sweep_id: SweepId, db: SessionDep, dispatcher: DispatcherDep) -> dict:
     n = service.retry_sweep(db, dispatcher, _get_sweep(db, sweep_id))
     return {"id": sweep_id, "requeued": n}
 
 
-@router.post("/{sweep_id}/cancel", dependencies=[WriteAuth])
-def cancel(sweep_id: int, db: SessionDep, dispatcher: DispatcherDep) -> dict:
+@router.post("/{sweep_id}/cancel", dependencies=[WriteAuth], response_model=SweepAction, response_model_exclude_none=True,
+             responses={**NOT_FOUND, **BROKER_DOWN})
+def cancel(sweep_id: SweepId, db: SessionDep, dispatcher: DispatcherDep) -> dict:
     n = service.cancel_sweep(db, dispatcher, _get_sweep(db, sweep_id))
     return {"id": sweep_id, "cancelled": n}

@@ -1,0 +1,27 @@
+"""Error answers: one body shape (`{"detail": ...}`), declared in OpenAPI, and the handlers that map
+benchlab's own exceptions to status codes."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from backend.models import ErrorPublic
+from backend.service import BrokerUnavailable
+
+COMMON_ERRORS: dict[int | str, dict] = {
+    400: {"model": ErrorPublic, "description": "Host not in BENCHLAB_ALLOWED_HOSTS"},
+    401: {"model": ErrorPublic, "description": "Missing or wrong API token"},
+    403: {"model": ErrorPublic, "description": "A write from another site, or a failed CSRF check"},
+    413: {"model": ErrorPublic, "description": "Body over BENCHLAB_MAX_BODY_KB"},
+}
+NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such sweep, job or artifact"}}
+BROKER_DOWN = {503: {"model": ErrorPublic, "description": "The broker is unreachable; nothing was changed"}}
+TOO_MANY_WAITERS = {429: {"model": ErrorPublic, "description": "Too many held waits (BENCHLAB_MAX_WAITERS)"}}
+CONFLICT = {409: {"model": ErrorPublic, "description": "The artifact exists already"}}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(BrokerUnavailable)
+    async def _broker_down(request: Request, exc: BrokerUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": f"{exc}; nothing was changed, try again later"}, status_code=503,
+                            headers={"Retry-After": "5"})

@@ -1,0 +1,1 @@
+"""Alembic migrations of benchlab's database (run with `benchlab db upgrade`, or by the API at start)."""
