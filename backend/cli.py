@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -15,12 +16,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from worker.contract import FAILED_STATES, UNFINISHED_STATUSES, RunCell, RunHeader
+
 app = typer.Typer(help="benchlab: run and compare GPU benchmarks of attention kernels and data-parallel training.",
                   no_args_is_help=True, add_completion=False)
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=160) if not sys.stdout.isatty() else Console()
 
-FAILED_STATES = ("failed", "oom", "timeout")
 
 
 def parse_param(text: str) -> tuple[str, Any]:
@@ -40,59 +42,171 @@ def parse_param(text: str) -> tuple[str, Any]:
 
 
 # -- servers --------------------------------------------------------------------------------------
-@app.command()
-def api(host: Optional[str] = typer.Option(None, help="default: BENCHLAB_HOST or 127.0.0.1"),
-        port: Optional[int] = typer.Option(None, help="default: BENCHLAB_PORT or 8000")) -> None:
-    """Start the API, the pages and the recorder (no worker)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _serve_api(host: str | None, port: int | None) -> None:
+    """Run the API until SIGTERM, SIGINT or SIGHUP; return (rather than die) so callers clean up."""
     import uvicorn
 
     from backend.main import create_app
     from backend.settings import get_settings
 
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=host or settings.host,
+                                           port=port or settings.port, log_level="warning"))
+    # uvicorn handles SIGINT and SIGTERM itself and re-raises them after its shutdown: turn that
+    # second delivery into SystemExit, so `finally` blocks run; SIGHUP stops it the same way
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGHUP, lambda signum, frame: setattr(server, "should_exit", True))
+    server.run()
+
+
+@app.command()
+def api(host: Optional[str] = typer.Option(None, help="default: BENCHLAB_HOST or 127.0.0.1"),
+        port: Optional[int] = typer.Option(None, help="default: BENCHLAB_PORT or 8000")) -> None:
+    """Start the API, the pages and the recorder (no worker)."""
+    _serve_api(host, port)
+
+
+def _describe_reach(settings) -> list[str]:
+    """What a starting worker can reach: the broker, and the API it uploads artifacts to."""
+    from worker.cancel import CancelRegistry
+
+    lines = []
+    broker = settings.effective_broker_url.split("@")[-1]
+    try:
+        CancelRegistry(settings).ping()
+        lines.append(f"broker {broker}: reachable")
+    except Exception as exc:  # noqa: BLE001
+        lines.append(f"broker {broker}: NOT reachable ({type(exc).__name__}: {exc})")
+    if settings.api_url:
+        import httpx
+
+        try:
+            code = httpx.get(f"{settings.api_url.rstrip('/')}/api/health", timeout=5).status_code
+            lines.append(f"API {settings.api_url}: HTTP {code} (artifacts are uploaded there)")
+        except httpx.HTTPError as exc:
+            lines.append(f"API {settings.api_url}: NOT reachable ({exc}); artifact uploads will fail")
+    else:
+        lines.append("API: none set (BENCHLAB_API_URL); artifacts stay in the shared data dir")
+    return lines
 
 
 @app.command()
 def worker(queues: str = typer.Option("default", help="comma-separated queues to consume, e.g. gpu.h200,default"),
            name: Optional[str] = typer.Option(None, help="worker name (default: benchlab@<host>)")) -> None:
-    """Start a Celery worker that runs jobs (one at a time) in a warm runner process."""
+    """Start a Celery worker that runs jobs (one at a time) in a warm runner process.
+
+    SIGTERM, SIGINT or SIGHUP kill the running cell at once (it is recorded `failed`, retryable),
+    then the worker exits; its runner and rank processes die with it even on SIGKILL.
+    """
+    from celery.signals import worker_ready
+
     from worker.celery_app import make_celery
     from worker.settings import get_worker_settings
     from worker.tasks import register_tasks
 
     settings = get_worker_settings()
     celery_app = make_celery(settings)
-    state = register_tasks(celery_app, settings)
-    console.print(f"[bold]benchlab worker[/] broker={settings.effective_broker_url.split('@')[-1]} queues={queues}")
+    celery_name = name or f"benchlab@{socket.gethostname()}"
+    queue_list = [q for q in queues.split(",") if q]
+    state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}",
+                           queues=queue_list)
+    console.print(f"[bold]benchlab worker[/] {state['worker']} queues={','.join(queue_list)} "
+                  f"gpus={state['heartbeat'].base['gpus'] or 'none'} pid={os.getpid()}")
+    for line in _describe_reach(settings):
+        console.print(f"  {line}")
+
+    @worker_ready.connect(weak=False)
+    def _stop_fast(**_kwargs) -> None:
+        # Celery's own handlers wait for the running task: kill the cell first so a stop takes seconds
+        term = signal.getsignal(signal.SIGTERM)
+        for sig in STOP_SIGNALS:
+            prev = term if sig == signal.SIGHUP else signal.getsignal(sig)  # Celery's SIGHUP restarts
+
+            def handler(signum, frame, prev=prev):
+                state["stopping"] = signal.Signals(signum).name
+                state["runner"].kill()
+                if callable(prev):
+                    prev(signum, frame)
+                else:
+                    sys.exit(128 + signum)
+
+            signal.signal(sig, handler)
+
+    state["heartbeat"].start()
     try:
-        celery_app.Worker(queues=queues.split(","), pool="solo", concurrency=1, loglevel="WARNING",
-                          hostname=name or f"benchlab@{socket.gethostname()}", without_gossip=True,
-                          without_mingle=True, without_heartbeat=True).start()
+        celery_app.Worker(queues=queue_list, pool="solo", concurrency=1, loglevel="WARNING",
+                          hostname=celery_name, without_gossip=True, without_mingle=True,
+                          without_heartbeat=True).start()
     finally:
         state["runner"].stop()
+        state["heartbeat"].stop()
+
+
+class _EmbeddedWorker:
+    """The worker `benchlab up` runs beside the API: started in its own process group, restarted if it
+    dies, and stopped (with everything it started) when `up` stops."""
+
+    def __init__(self, queues: str):
+        self.cmd = [sys.executable, "-m", "backend.cli", "worker", "--queues", queues]
+        self.proc: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.restarts = 0
+        self._watch = threading.Thread(target=self._watchdog, name="benchlab-worker-watchdog", daemon=True)
+
+    def start(self) -> "_EmbeddedWorker":
+        self.proc = subprocess.Popen(self.cmd, start_new_session=True)
+        if not self._watch.is_alive():
+            self._watch.start()
+        return self
+
+    def _watchdog(self) -> None:
+        delay = 1.0
+        while not self.stopping.wait(1.0):
+            code = self.proc.poll() if self.proc else None
+            if code is None or self.stopping.is_set():
+                continue
+            console.print(f"[yellow]embedded worker (pid {self.proc.pid}) exited with {code}; restarting in "
+                          f"{delay:g} s[/]")
+            if self.stopping.wait(delay):
+                return
+            self.restarts += 1
+            delay = min(delay * 2, 30.0)
+            self.start()
+
+    def stop(self, timeout: float = 8.0) -> None:
+        self.stopping.set()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        except ProcessLookupError:
+            pass
 
 
 @app.command()
 def up(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None),
        queues: str = typer.Option("default", help="queues the embedded worker consumes")) -> None:
-    """API + pages + recorder + one embedded worker, in one command. Ctrl-C stops both."""
+    """API + pages + recorder + one embedded worker, in one command. SIGINT (Ctrl-C), SIGTERM or SIGHUP
+    stop all of it within seconds; a worker that dies is restarted."""
     from backend.settings import get_settings
 
     settings = get_settings()
-    proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--queues", queues],
-                            start_new_session=True)
+    embedded = _EmbeddedWorker(queues).start()
     console.print(f"[bold]benchlab[/] dashboard on http://{host or settings.host}:{port or settings.port}  "
-                  f"(data in {settings.resolved_data_dir}, worker pid {proc.pid})")
+                  f"(data in {settings.resolved_data_dir}, worker pid {embedded.proc.pid})")
     try:
-        api(host=host, port=port)
+        _serve_api(host, port)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        embedded.stop()
 
 
 # -- local runs -----------------------------------------------------------------------------------
@@ -137,8 +251,8 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
     rows: list[dict[str, Any]] = []
     fh = out_path.open("w") if out_path else None
     if fh:
-        fh.write(json.dumps({"kind": "sweep", "suite": suite, "params": params, "name": name, "repeats": repeats,
-                             "created_at": time.time()}) + "\n")
+        fh.write(RunHeader(suite=suite, params=params, name=name, repeats=repeats,
+                           created_at=time.time()).model_dump_json() + "\n")
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.fields[status]}"), console=console) as progress:
@@ -150,8 +264,8 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
                     outcome = runner.run({"suite": suite, "params": cell, "artifact_dir": str(run_dir / f"cell_{i}_{rep}")},
                                          timeout_s=timeout_s,
                                          on_progress=lambda m, i=i: progress.update(task, status=f"cell {i}: {m}"))
-                    row = {"kind": "cell", "cell": i, "repeat": rep, "params": cell, **outcome.as_dict(),
-                           "started_at": started, "finished_at": time.time()}
+                    row = RunCell(cell=i, repeat=rep, params=cell, **outcome.as_dict(), started_at=started,
+                                  finished_at=time.time()).model_dump(mode="json")
                     rows.append(row)
                     if fh:
                         fh.write(json.dumps(row) + "\n")
@@ -186,8 +300,6 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
            poll_s: float = typer.Option(1.0), timeout_s: float = typer.Option(24 * 3600.0)) -> None:
     """Submit a sweep (the POST /api/sweeps body) to a server."""
     import httpx
-
-    from backend.models import UNFINISHED_STATUSES
 
     body = _load_spec(spec)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -226,7 +338,7 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
 def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
             name: Optional[str] = typer.Option(None)) -> None:
     """Load a `benchlab run --out` file into the database, with its fingerprints."""
-    from backend.db import make_engine, session
+    from backend.db import make_engine, prepare_schema, session
     from backend.service import import_results
     from backend.settings import get_settings
 
@@ -236,13 +348,42 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
         console.print(f"[red]{path} is not JSON lines:[/] {exc}")
         raise typer.Exit(2)
     settings = get_settings()
-    with session(make_engine(settings)) as db:
+    engine = make_engine(settings)
+    prepare_schema(engine, settings.auto_migrate)
+    with session(engine) as db:
         try:
             sweep = import_results(db, lines, name)
         except (ValueError, KeyError) as exc:
             console.print(f"[red]cannot import {path}:[/] {exc}")
             raise typer.Exit(2)
         out.print(json.dumps({"id": sweep.id, "jobs": sum(1 for ln in lines if ln.get("kind") == "cell")}))
+
+
+# -- the database ---------------------------------------------------------------------------------
+db_app = typer.Typer(help="The database's schema: see where it stands, upgrade it.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head", help="target revision (default: the newest)")) -> None:
+    """Apply the schema migrations (a database from before migrations is recognised and upgraded)."""
+    from backend.db import make_engine, migrate
+    from backend.settings import get_settings
+
+    before, after = migrate(make_engine(get_settings()), revision)
+    console.print(f"database schema: {before or 'empty'} -> {after}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the database's schema revision and the newest this benchlab knows; exit 1 if behind."""
+    from backend.db import make_engine, schema_status
+    from backend.settings import get_settings
+
+    current, head = schema_status(make_engine(get_settings()))
+    out.print(json.dumps({"current": current, "head": head}))
+    if current != head:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

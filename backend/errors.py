@@ -2,7 +2,12 @@
 benchlab's own exceptions to status codes."""
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from backend.models import ErrorPublic
@@ -17,10 +22,26 @@ COMMON_ERRORS: dict[int | str, dict] = {
 NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such sweep, job or artifact"}}
 BROKER_DOWN = {503: {"model": ErrorPublic, "description": "The broker is unreachable; nothing was changed"}}
 TOO_MANY_WAITERS = {429: {"model": ErrorPublic, "description": "Too many held waits (BENCHLAB_MAX_WAITERS)"}}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 CONFLICT = {409: {"model": ErrorPublic, "description": "The artifact exists already"}}
 
 
+def _printable(value: Any) -> Any:
+    """Echoed input with lone surrogates replaced (U+FFFD): they cannot be encoded as UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(v) for v in value]
+    return value
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _printable(jsonable_encoder(exc.errors()))}, status_code=422)
+
     @app.exception_handler(BrokerUnavailable)
     async def _broker_down(request: Request, exc: BrokerUnavailable) -> JSONResponse:
         return JSONResponse({"detail": f"{exc}; nothing was changed, try again later"}, status_code=503,

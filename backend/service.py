@@ -18,7 +18,7 @@ from backend.models import (FINAL_STATES, UNFINISHED_STATES, JOB_STATES, RETRYAB
                             SweepCreate, WorkerRow)
 from backend.settings import BackendSettings
 from worker.contract import (HeartbeatEvent, JobPayload, ProgressEvent, ResultEvent, RunCell, RunHeader,
-                             StateEvent)
+                             StateEvent, parse_event)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -259,12 +259,15 @@ def _add_result(db: Session, job: Job, attempt: int, state: str, **fields) -> bo
     return True
 
 
-def apply_event(db: Session, event: StateEvent | ProgressEvent | ResultEvent | HeartbeatEvent) -> bool:
-    """Write one validated worker message to the database. Returns whether it changed anything.
+def apply_event(db: Session, event: StateEvent | ProgressEvent | ResultEvent | HeartbeatEvent | dict) -> bool:
+    """Write one worker message to the database (a dict is validated first: pydantic.ValidationError).
+    Returns whether it changed anything.
 
     Stale messages (an earlier attempt of a retried job, a `running` after a final state, a second
     result for the same attempt) are dropped.
     """
+    if isinstance(event, dict):
+        event = parse_event(event)
     if isinstance(event, HeartbeatEvent):
         record_heartbeat(db, event)
         return True

@@ -10,11 +10,27 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_mod
+import os
+import signal
 import socket
+import sys
 import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies, even by SIGKILL (prctl
+    PR_SET_PDEATHSIG). The runner (worker/runner.py) and every rank process call it, so a
+    killed worker leaves no runner or rank behind. If the parent is already gone, exit now."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 class RankError(RuntimeError):
@@ -46,7 +62,9 @@ def pick_backend(world_size: int, device: str = "auto") -> str:
 
 
 def _rank_main(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple,
-               results: "mp.Queue", timeout_s: float) -> None:
+               results: "mp.Queue", timeout_s: float, parent_pid: int | None = None) -> None:
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     import torch
     import torch.distributed as dist
 
@@ -80,7 +98,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), device: st
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, backend, fn, args, results, timeout_s),
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, backend, fn, args, results, timeout_s, os.getpid()),
                          name=f"benchlab-rank{r}", daemon=False) for r in range(world_size)]
     for p in procs:
         p.start()

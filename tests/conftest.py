@@ -40,3 +40,21 @@ def redis_url():
             pytest.fail("Redis on 127.0.0.1:6379 is required in CI but not reachable")
         pytest.skip("no Redis on 127.0.0.1:6379")
     return url
+
+
+POSTGRES_ADMIN_URL = os.environ.get("BENCHLAB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+REQUIRE_POSTGRES = os.environ.get("BENCHLAB_REQUIRE_POSTGRES") == "1"
+
+
+def postgres_admin_url() -> str:
+    """The test machine's PostgreSQL (trust auth); skips, or fails in CI, when it is not there."""
+    import shutil
+    import subprocess
+
+    ok = shutil.which("psql") is not None and subprocess.run(
+        ["psql", POSTGRES_ADMIN_URL, "-q", "-c", "SELECT 1"], capture_output=True, timeout=10).returncode == 0
+    if not ok:
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"PostgreSQL at {POSTGRES_ADMIN_URL} is required in CI but not reachable")
+        pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}")
+    return POSTGRES_ADMIN_URL

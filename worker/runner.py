@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from parallel.launch import die_with_parent
+
 @dataclass
 class Outcome:
     """How one cell ended: the state, its metrics or error, artifacts written, and where it ran."""
@@ -43,10 +45,13 @@ def list_artifacts(folder: Path) -> list[dict[str, Any]]:
     return [{"name": p.name, "size": p.stat().st_size} for p in sorted(folder.iterdir()) if p.is_file()]
 
 
-def _child_main(conn, commit: str | None, prepare: Callable[[], Any] | None = None) -> None:
+def _child_main(conn, commit: str | None, prepare: Callable[[], Any] | None = None,
+                parent_pid: int | None = None) -> None:
     """Runner process: import the GPU stack once, say ready, then serve jobs until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.setsid()  # own process group: a kill takes the ranks this job spawned with it
+    if parent_pid is not None:
+        die_with_parent(parent_pid)  # a worker killed with SIGKILL takes its runner with it
     import torch  # noqa: F401  (the warm-up this process exists for)
 
     from worker.harness import SkipCell, fingerprint, is_oom
@@ -134,7 +139,8 @@ class Runner:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit, self.prepare), daemon=False,
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit, self.prepare, os.getpid()),
+                                       daemon=False,
                                        name="benchlab-runner")
         self._proc.start()
         child.close()
@@ -157,8 +163,9 @@ class Runner:
             if message[0] == "ready":
                 return
 
-    def _next_message(self, deadline: float) -> tuple[str, Any] | None:
-        """The child's next message, or None once `deadline` (monotonic) passes. EOFError: the child is gone."""
+    def _next_message(self, deadline: float, tick: bool = False) -> tuple[str, Any] | None:
+        """The child's next message, or None once `deadline` (monotonic) passes (with `tick`, also
+        after each half second of silence). EOFError: the child is gone."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -167,6 +174,8 @@ class Runner:
                 return self._conn.recv()
             if not self._proc.is_alive():
                 raise EOFError
+            if tick:
+                return None
 
     def _reap(self) -> str:
         """After the child went away: collect its exit status, drop it, and say how it ended."""
@@ -209,8 +218,13 @@ class Runner:
         self.kill()
 
     def run(self, job: dict[str, Any], timeout_s: float, fresh: bool = False,
-            on_progress: Callable[[str], None] | None = None) -> Outcome:
-        """Run one job in the child. The job dict needs suite, params and artifact_dir."""
+            on_progress: Callable[[str], None] | None = None,
+            cancelled: Callable[[], bool] | None = None) -> Outcome:
+        """Run one job in the child. The job dict needs suite, params and artifact_dir.
+
+        `cancelled`, asked about every half second while the job runs: when it says yes, the child
+        (and every process of its group) is killed and the job ends `cancelled`.
+        """
         try:
             self._ensure(fresh)
         except RunnerStartError as exc:
@@ -225,12 +239,19 @@ class Runner:
         self.jobs_run += 1
         while True:
             try:
-                message = self._next_message(deadline)
+                message = self._next_message(deadline, tick=cancelled is not None)
             except (EOFError, OSError):
                 how = self._reap()
                 return Outcome("failed", error=f"runner process died during the job ({how}); it has been replaced",
                                duration_s=time.monotonic() - t0,
                                artifacts=list_artifacts(Path(job["artifact_dir"])))
+            if message is None and cancelled is not None and time.monotonic() < deadline and cancelled():
+                self.kill()
+                return Outcome("cancelled", error="cancelled while running; the cell was killed",
+                               duration_s=time.monotonic() - t0,
+                               artifacts=list_artifacts(Path(job["artifact_dir"])))
+            if message is None and time.monotonic() < deadline:
+                continue
             if message is None:
                 self.kill()
                 return Outcome("timeout", error=f"job exceeded its timeout of {timeout_s:g} s; the runner was killed",

@@ -1,25 +1,35 @@
 """The one Celery task: run a job (one grid cell) in the warm runner and report what happened.
 
 The task never opens the database. It reports `running`, progress lines and the final outcome as
-messages on the `results` queue; the recorder beside the API writes them.
+messages on the `results` queue (worker/contract.py); the recorder beside the API writes them. A
+heartbeat thread says every few seconds which job the worker runs, so a worker that dies leaves
+a job the reaper can close. While a cell runs, the task checks its sweep's cancellation mark.
 """
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Callable
 
 import httpx
 from celery import Celery
+from pydantic import ValidationError
 
 from worker.cancel import CancelRegistry
 from worker.celery_app import RUN_JOB_TASK
+from worker.contract import HeartbeatEvent, JobPayload, ProgressEvent, ResultEvent, RunningJob, StateEvent
 from worker.events import publish
 from worker.runner import Runner
 from worker.settings import WorkerSettings
 
+log = logging.getLogger("benchlab.worker")
 PROGRESS_MIN_INTERVAL_S = 0.5
+CANCEL_CHECK_S = 1.0
 # A job that ends sooner than this goes from `queued` straight to its result: one message and one
 # database write instead of two, which on a busy API host is most of a short job's overhead.
 # Longer jobs (and any job that reports progress) show `running` as before.
@@ -74,27 +84,91 @@ def upload_artifacts(settings: WorkerSettings, job_id: int, folder, artifacts: l
     return errors
 
 
-def register_tasks(app: Celery, settings: WorkerSettings) -> dict[str, Any]:
-    """Register `benchlab.run_job` on `app`; returns the worker's state (its runner) for shutdown."""
+def visible_gpus() -> list[str]:
+    """GPU names this worker can use, without importing torch: nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    names = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        idx = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        names = [names[i] for i in idx if i < len(names)]
+    return names
+
+
+class Heartbeat(threading.Thread):
+    """Publishes a HeartbeatEvent every `interval_s` (and at once when asked): the worker's name, queues,
+    GPUs and the job it runs. The reaper beside the API uses it to find jobs whose worker is gone."""
+
+    def __init__(self, app: Celery, worker: str, queues: list[str], interval_s: float, commit: str | None = None):
+        super().__init__(name="benchlab-heartbeat", daemon=True)
+        self.app, self.interval_s = app, interval_s
+        self.base = {"worker": worker, "hostname": socket.gethostname(), "pid": os.getpid(), "queues": queues,
+                     "gpus": visible_gpus(), "commit": commit}
+        self.current: RunningJob | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    def beat(self, stopping: bool = False) -> None:
+        try:
+            publish(self.app, HeartbeatEvent(**self.base, current=self.current, stopping=stopping))
+        except Exception:  # noqa: BLE001 - the broker is away: the next beat tries again
+            log.warning("heartbeat not sent", exc_info=True)
+
+    def set_job(self, job: RunningJob | None) -> None:
+        self.current = job
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.beat()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.join(5)
+        self.current = None
+        self.beat(stopping=True)
+
+
+def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | None = None,
+                   queues: list[str] | None = None) -> dict[str, Any]:
+    """Register `benchlab.run_job` on `app`; returns the worker's state (runner, heartbeat) for shutdown."""
+    hostname = socket.gethostname()
+    worker = worker_name or f"{hostname}:benchlab@{hostname}"
+    heartbeat = Heartbeat(app, worker, queues or [], settings.heartbeat_s, settings.commit)
     state: dict[str, Any] = {"runner": Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
                                              startup_timeout_s=settings.runner_startup_timeout_s),
-                             "cancel": CancelRegistry(settings)}
-    hostname = socket.gethostname()
+                             "cancel": CancelRegistry(settings), "heartbeat": heartbeat, "worker": worker}
 
     @app.task(name=RUN_JOB_TASK, bind=True, acks_late=True)
-    def run_job(self, job: dict[str, Any]) -> None:
-        job_id, sweep_uid = job["job_id"], job["sweep_uid"]
-        attempt = job.get("attempt", 1)
-        worker = f"{hostname}:{self.request.hostname or ''}"
-        if state["cancel"].is_cancelled(sweep_uid):
-            publish(app, {"type": "result", "job_id": job_id, "state": "cancelled", "metrics": {},
-                          "error": "sweep was cancelled before this job started", "env": None,
-                          "artifacts": [], "duration_s": 0.0, "worker": worker, "attempt": attempt})
+    def run_job(self, body: dict[str, Any]) -> None:
+        try:
+            job = JobPayload.model_validate(body)
+        except ValidationError as exc:
+            log.error("refused a job message that does not match the contract: %s", exc)
+            job_id = body.get("job_id") if isinstance(body, dict) else None
+            if isinstance(job_id, int):
+                publish(app, ResultEvent(job_id=job_id, attempt=int(body.get("attempt") or 1), state="failed",
+                                         error=f"the job message does not match the contract: {exc}",
+                                         worker=worker))
             return
+        attempt = job.attempt
+        cancels = state["cancel"]
+        if cancels.is_cancelled(job.sweep_uid):
+            publish(app, ResultEvent(job_id=job.job_id, attempt=attempt, state="cancelled", duration_s=0.0,
+                                     error="sweep was cancelled before this job started", worker=worker))
+            return
+        heartbeat.set_job(RunningJob(job_id=job.job_id, attempt=attempt))
         started_at = time.time()  # the report may go out later; it carries the real start
-        running = RunningReport(lambda: publish(app, {"type": "state", "job_id": job_id, "state": "running",
-                                                      "worker": worker, "attempt": attempt,
-                                                      "at": started_at})).start()
+        running = RunningReport(lambda: publish(app, StateEvent(job_id=job.job_id, attempt=attempt, worker=worker,
+                                                                at=started_at))).start()
         last = {"t": 0.0}
 
         def on_progress(message: str) -> None:
@@ -102,20 +176,35 @@ def register_tasks(app: Celery, settings: WorkerSettings) -> dict[str, Any]:
             now = time.monotonic()
             if now - last["t"] >= PROGRESS_MIN_INTERVAL_S:
                 last["t"] = now
-                publish(app, {"type": "progress", "job_id": job_id, "message": message[:500]})
+                publish(app, ProgressEvent(job_id=job.job_id, attempt=attempt, message=message[:500]))
 
-        artifact_dir = settings.artifact_root / f"job_{job_id}"
-        timeout_s = float(job.get("timeout_s") or settings.job_timeout_s)
+        checked = {"t": 0.0}
+
+        def cancelled() -> bool:  # asked every half second while the cell runs; the broker is asked each second
+            now = time.monotonic()
+            if now - checked["t"] < CANCEL_CHECK_S:
+                return False
+            checked["t"] = now
+            try:
+                return cancels.is_cancelled(job.sweep_uid)
+            except Exception:  # noqa: BLE001 - the broker is away: keep running
+                return False
+
+        artifact_dir = settings.artifact_root / f"job_{job.job_id}"
+        timeout_s = float(job.timeout_s or settings.job_timeout_s)
         try:
             outcome = state["runner"].run(
-                {"suite": job["suite"], "params": job["params"], "artifact_dir": str(artifact_dir)},
-                timeout_s=timeout_s, fresh=bool(job.get("fresh")), on_progress=on_progress)
+                {"suite": job.suite, "params": job.params, "artifact_dir": str(artifact_dir)},
+                timeout_s=timeout_s, fresh=job.fresh, on_progress=on_progress, cancelled=cancelled)
         finally:
             running.finish()
+        if state.get("stopping") and outcome.state == "failed":
+            outcome.error = f"the worker was stopped ({state['stopping']}) during the job; retry it"
         if outcome.artifacts and settings.api_url:
-            errors = upload_artifacts(settings, job_id, artifact_dir, outcome.artifacts)
+            errors = upload_artifacts(settings, job.job_id, artifact_dir, outcome.artifacts)
             if errors:
                 outcome.error = ((outcome.error or "") + "\n" + "\n".join(errors)).strip()
-        publish(app, {"type": "result", "job_id": job_id, **outcome.as_dict(), "worker": worker, "attempt": attempt})
+        publish(app, ResultEvent(job_id=job.job_id, attempt=attempt, worker=worker, **outcome.as_dict()))
+        heartbeat.set_job(None)
 
     return state

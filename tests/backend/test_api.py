@@ -36,17 +36,37 @@ def test_health_and_openapi(client):
     assert "/api/sweeps" in spec["paths"] and "/api/sweeps/{sweep_id}/results" in spec["paths"]
 
 
-def test_broker_down_fails_every_job_with_the_reason_and_loses_nothing(client, monkeypatch):
-    def refuse(jobs, queue):
+def test_broker_down_answers_503_and_stores_nothing(client, monkeypatch):
+    sweep = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1]}}).json()["id"]
+    before = stored_sweeps(client), queued_messages(client)
+
+    def unreachable():
         raise ConnectionError("broker at redis://nowhere refused the connection")
 
-    monkeypatch.setattr(client.app_ref.state.dispatcher, "send", refuse)
-    r = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}})
-    assert r.status_code == 201 and r.json()["jobs"] == 2
-    assert r.json()["status"] == client.get(f"/api/sweeps/{r.json()['id']}").json()["status"] == "done"
+    monkeypatch.setattr(client.app_ref.state.dispatcher.cancels, "ping", unreachable)
+    for method, path, body in [("post", "/api/sweeps", {"suite": "noop", "params": {"x": [1, 2]}}),
+                               ("post", f"/api/sweeps/{sweep}/retry", None),
+                               ("post", f"/api/sweeps/{sweep}/cancel", None)]:
+        r = getattr(client, method)(path, json=body)
+        assert r.status_code == 503, (path, r.text)
+        assert "refused the connection" in r.json()["detail"] and "nothing was changed" in r.json()["detail"]
+    assert (stored_sweeps(client), queued_messages(client)) == before
+    assert client.get(f"/api/sweeps/{sweep}").json()["counts"]["queued"] == 1
+    assert client.get("/api/health").json()["broker_ok"] is False
+
+
+def test_a_send_that_fails_part_way_records_the_unsent_jobs_as_failed(client, monkeypatch):
+    from backend.dispatch import SendError
+
+    def refuse_after_one(jobs, queue):
+        raise SendError(1, ConnectionError("broker went away"))
+
+    monkeypatch.setattr(client.app_ref.state.dispatcher, "send", refuse_after_one)
+    r = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2, 3]}})
+    assert r.status_code == 201
     rows = client.get(f"/api/sweeps/{r.json()['id']}/results").json()
-    assert [row["state"] for row in rows] == ["failed", "failed"]
-    assert all("could not queue the job" in row["error"] and "refused" in row["error"] for row in rows)
+    assert [row["state"] for row in rows] == ["queued", "failed", "failed"]
+    assert all("could not queue the job" in row["error"] and "went away" in row["error"] for row in rows[1:])
 
 
 def test_suites_carry_json_schema(client):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.db import make_engine, session
+from backend.db import make_engine, migrate, session
 from backend.models import Job, Result, SweepCreate
 from backend.service import apply_event, create_sweep, job_detail, retry_sweep
 from backend.settings import BackendSettings
@@ -12,7 +12,9 @@ from backend.settings import BackendSettings
 @pytest.fixture
 def db(tmp_path):
     settings = BackendSettings(data_dir=tmp_path)
-    with session(make_engine(settings)) as s:
+    engine = make_engine(settings)
+    migrate(engine)
+    with session(engine) as s:
         s.settings = settings
         yield s
 
@@ -56,10 +58,13 @@ def test_stale_attempt_is_dropped_after_retry(db):
     assert [r.attempt for r in db.query(Result).filter(Result.job_id == job.id)] == [1, 2]
 
 
-def test_unknown_state_is_recorded_as_failed_and_unknown_job_ignored(db):
+def test_unknown_state_breaks_the_contract_and_unknown_job_is_ignored(db):
+    from pydantic import ValidationError
+
     job = _one_job(db)
-    assert apply_event(db, result(job.id, state="exploded"))
-    assert db.get(Job, job.id).state == "failed"
+    with pytest.raises(ValidationError, match="state"):
+        apply_event(db, result(job.id, state="exploded"))
+    assert db.get(Job, job.id).state == "queued"
     assert not apply_event(db, result(987654))
 
 

@@ -77,3 +77,52 @@ def test_celery_app_uses_it_for_the_embedded_broker(tmp_path):
         assert isinstance(conn.transport, fsbroker.Transport)
     redis_app = make_celery(WorkerSettings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/0"))
     assert redis_app.conf.broker_url.startswith("redis://")
+
+
+def _publish(folder, body):
+    with _connection(folder) as conn:
+        conn.SimpleQueue("q").put(body)
+
+
+def _take_and_die(folder):
+    """A consumer that claims the message and is killed before it acknowledges it."""
+    with _connection(folder) as conn:
+        conn.SimpleQueue("q").get(timeout=10)
+        os._exit(9)
+
+
+def test_a_claimed_message_stays_until_acked(tmp_path):
+    _publish(tmp_path, {"job": 1})
+    with _connection(tmp_path) as conn:
+        q = conn.SimpleQueue("q")
+        msg = q.get(timeout=5)
+        assert msg.payload == {"job": 1}
+        assert [n for n in os.listdir(tmp_path) if n.endswith(fsbroker.CLAIMED_SUFFIX)]  # claimed, kept
+        msg.ack()
+        assert os.listdir(tmp_path) == []
+
+
+def test_a_message_claimed_by_a_consumer_that_died_is_handed_out_again(tmp_path):
+    _publish(tmp_path, {"job": 2})
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=_take_and_die, args=(tmp_path,))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 9
+    assert [n for n in os.listdir(tmp_path) if n.endswith(fsbroker.CLAIMED_SUFFIX)]  # the dead consumer's claim
+    with _connection(tmp_path) as conn:
+        msg = conn.SimpleQueue("q").get(timeout=10)  # the channel recovers it when it polls
+        assert msg.payload == {"job": 2}
+        msg.ack()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_requeued_message_leaves_no_claim_behind(tmp_path):
+    _publish(tmp_path, {"job": 3})
+    with _connection(tmp_path) as conn:
+        q = conn.SimpleQueue("q")
+        q.get(timeout=5).requeue()
+        msg = q.get(timeout=5)
+        assert msg.payload == {"job": 3}
+        msg.ack()
+    assert os.listdir(tmp_path) == []
