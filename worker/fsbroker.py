@@ -27,7 +27,7 @@ from queue import Empty
 from time import monotonic
 
 from kombu.exceptions import ChannelError
-from kombu.transport import filesystem
+from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
@@ -142,4 +142,13 @@ class Channel(filesystem.Channel):
 
 
 class Transport(filesystem.Transport):
+    """kombu shares one table of declared bindings among all filesystem connections of a process; a
+    second broker folder in the same process (tests, two stacks) then never gets its bindings
+    written, and messages to it are dropped. Each connection keeps its own: declaring again is
+    idempotent on disk."""
+
     Channel = Channel
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **kwargs)
+        self.state = virtual.BrokerState()

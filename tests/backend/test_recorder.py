@@ -1,0 +1,125 @@
+"""The recorder with the real embedded broker: contract checks, dead letters, the reaper."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from kombu import Exchange, Producer
+from sqlmodel import select
+
+from backend.db import session
+from backend.main import create_app
+from backend.models import DeadLetter, Job, Result, WorkerRow
+from backend.service import apply_event, reap_lost_jobs
+from backend.settings import BackendSettings
+from worker.celery_app import RESULTS_EXCHANGE, RESULTS_QUEUE
+
+
+def poll(cond, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+@pytest.fixture
+def live(tmp_path):
+    app = create_app(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0))
+    with TestClient(app) as c:
+        c.app_ref = app
+        assert app.state.recorder.ready.wait(20)
+        yield c
+
+
+def send_raw(app, body, content_type="application/json", serializer=None):
+    with app.state.dispatcher.app.connection_for_write() as conn:
+        producer = Producer(conn.default_channel)
+        if serializer:
+            producer.publish(body, exchange=RESULTS_EXCHANGE, routing_key="results", serializer=serializer,
+                             declare=[RESULTS_QUEUE])
+        else:
+            producer.publish(body, exchange=RESULTS_EXCHANGE, routing_key="results", content_type=content_type,
+                             content_encoding="utf-8", declare=[RESULTS_QUEUE])
+
+
+def test_garbage_goes_to_the_dead_letters_and_never_blocks_the_queue(live):
+    app = live.app_ref
+    sid = live.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}}).json()["id"]
+    jobs = [r["job_id"] for r in live.get(f"/api/sweeps/{sid}/results").json()]
+    send_raw(app, {"type": "result", "job_id": jobs[0], "state": "exploded"}, serializer="json")  # bad state
+    send_raw(app, {"hello": "world"}, serializer="json")  # no type
+    send_raw(app, "not json at all {", content_type="application/json")  # undecodable
+    send_raw(app, {"type": "result", "job_id": jobs[1], "state": "done", "v": 99}, serializer="json")  # newer
+    send_raw(app, {"type": "result", "job_id": jobs[0], "attempt": 1, "state": "done", "metrics": {"x": 1}},
+             serializer="json")  # and a good one after them
+    poll(lambda: live.get(f"/api/jobs/{jobs[0]}").json()["state"] == "done", what="the good message applied")
+    health = poll(lambda: (h := live.get("/api/health").json())["dead_letters"] == 4 and h, what="4 dead letters")
+    assert health["recorder"] is True
+    letters = live.get("/api/dead-letters").json()
+    assert len(letters) == 4
+    errors = " ".join(d["error"] for d in letters)
+    assert "state" in errors and "cannot be decoded" in errors and "contract version 99" in errors
+    assert any("exploded" in d["body"] for d in letters)
+    assert live.get(f"/api/jobs/{jobs[1]}").json()["state"] == "queued"  # the v99 message changed nothing
+
+
+def test_a_result_delivered_twice_writes_one_row(live):
+    sid = live.post("/api/sweeps", json={"suite": "noop"}).json()["id"]
+    job = live.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
+    event = {"type": "result", "job_id": job, "attempt": 1, "state": "done", "metrics": {"x": 1}}
+    for _ in range(3):
+        send_raw(live.app_ref, event, serializer="json")
+    poll(lambda: live.app_ref.state.recorder.applied >= 1, what="first delivery applied")
+    time.sleep(0.5)  # let the copies arrive; they must change nothing
+    with session(live.app_ref.state.engine) as db:
+        assert len(db.exec(select(Result).where(Result.job_id == job)).all()) == 1
+
+
+def test_the_reaper_closes_jobs_of_silent_workers(live):
+    sid = live.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}}).json()["id"]
+    a, b = [r["job_id"] for r in live.get(f"/api/sweeps/{sid}/results").json()]
+    now = time.time()
+    hb = {"type": "heartbeat", "worker": "gpu1:benchlab@gpu1", "queues": ["default"], "current": {"job_id": a}}
+    send_raw(live.app_ref, {**hb, "at": now}, serializer="json")
+    send_raw(live.app_ref, {"type": "state", "job_id": a, "worker": "gpu1:benchlab@gpu1", "at": now},
+             serializer="json")
+    poll(lambda: live.get(f"/api/jobs/{a}").json()["state"] == "running", what="running")
+    assert live.get("/api/workers").json()[0]["name"] == "gpu1:benchlab@gpu1"
+    # no further heartbeat: after worker_lost_after_s the reaper marks it
+    job = poll(lambda: (j := live.get(f"/api/jobs/{a}").json())["state"] == "failed" and j, what="reaped")
+    assert job["error"].startswith("worker lost: gpu1:benchlab@gpu1 stopped sending heartbeats")
+    assert [h["attempt"] for h in job["history"]] == [1]
+    assert live.get(f"/api/jobs/{b}").json()["state"] == "queued"  # a job nobody took stays queued
+    assert live.get("/api/workers").json()[0]["alive"] is False
+    # retryable, and the late result of the lost attempt is dropped
+    assert live.post(f"/api/sweeps/{sid}/retry").json()["requeued"] == 1
+    send_raw(live.app_ref, {"type": "result", "job_id": a, "attempt": 1, "state": "done"}, serializer="json")
+    time.sleep(0.5)
+    assert live.get(f"/api/jobs/{a}").json()["state"] == "queued"
+
+
+def test_reaper_times_out_running_jobs_past_timeout_plus_grace(tmp_path):
+    from backend.db import make_engine, migrate
+
+    engine = make_engine(BackendSettings(data_dir=tmp_path))
+    migrate(engine)
+    app = create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)
+    with TestClient(app) as c:
+        sid = c.post("/api/sweeps", json={"suite": "noop", "timeout_s": 10}).json()["id"]
+        job = c.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
+    with session(engine) as db:
+        apply_event(db, {"type": "state", "job_id": job, "worker": "w", "at": 1000.0})
+        db.add(WorkerRow(name="w", last_seen=2000.0))  # alive at 2000
+        db.commit()
+        assert reap_lost_jobs(db, now=1000.0 + 10 + 5, lost_after_s=30, default_timeout_s=1800, grace_s=10) == []
+        assert reap_lost_jobs(db, now=1000.0 + 10 + 11, lost_after_s=30, default_timeout_s=1800,
+                              grace_s=10) == [job]
+        j = db.get(Job, job)
+        assert j.state == "failed" and "past its timeout of 10 s plus 10 s" in j.error
+        assert len(db.exec(select(DeadLetter)).all()) == 0
+        assert json.loads(json.dumps(j.model_dump()))  # plain values
