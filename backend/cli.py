@@ -112,7 +112,8 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
     celery_app = make_celery(settings)
     celery_name = name or f"benchlab@{socket.gethostname()}"
     queue_list = [q for q in queues.split(",") if q]
-    state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}",
+    # unique per process: a replacement started under the same name is another worker to the reaper
+    state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}:{os.getpid()}",
                            queues=queue_list)
     console.print(f"[bold]benchlab worker[/] {state['worker']} queues={','.join(queue_list)} "
                   f"gpus={state['heartbeat'].base['gpus'] or 'none'} pid={os.getpid()}")
