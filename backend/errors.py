@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend.models import ErrorPublic
 from backend.service import BrokerUnavailable
@@ -37,7 +38,26 @@ def _printable(value: Any) -> Any:
     return value
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
+        if exc.status_code in (204, 304):
+            return JSONResponse(None, status_code=exc.status_code, headers=headers)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _printable(jsonable_encoder(exc.errors()))}, status_code=422)
