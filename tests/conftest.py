@@ -58,3 +58,22 @@ def postgres_admin_url() -> str:
             pytest.fail(f"PostgreSQL at {POSTGRES_ADMIN_URL} is required in CI but not reachable")
         pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}")
     return POSTGRES_ADMIN_URL
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request):
+    """None (SQLite under the data dir) or a fresh PostgreSQL database, dropped afterwards."""
+    if request.param == "sqlite":
+        yield None
+        return
+    import subprocess
+    import uuid
+
+    admin = postgres_admin_url()
+    name = f"benchlab_t_{uuid.uuid4().hex[:12]}"
+    subprocess.run(["psql", admin, "-q", "-c", f"CREATE DATABASE {name}"], check=True, capture_output=True)
+    try:
+        yield admin.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        subprocess.run(["psql", admin, "-q", "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"],
+                       capture_output=True)

@@ -12,8 +12,8 @@ from backend.settings import BackendSettings
 
 
 @pytest.fixture
-def client(tmp_path):
-    settings = BackendSettings(data_dir=tmp_path, max_grid_cells=50)
+def client(tmp_path, database_url):
+    settings = BackendSettings(data_dir=tmp_path, max_grid_cells=50, database_url=database_url)
     app = create_app(settings, with_recorder=False)
     with TestClient(app) as c:
         c.app_ref = app

@@ -17,9 +17,9 @@ BIG = 2**63  # one past the largest 64-bit id
 
 
 @pytest.fixture
-def client(tmp_path):
-    app = create_app(BackendSettings(data_dir=tmp_path, max_grid_cells=50, max_body_kb=4, max_artifact_mb=0.01),
-                     with_recorder=False)
+def client(tmp_path, database_url):
+    app = create_app(BackendSettings(data_dir=tmp_path, max_grid_cells=50, max_body_kb=4, max_artifact_mb=0.01,
+                                     database_url=database_url), with_recorder=False)
     with TestClient(app) as c:
         c.app_ref = app
         yield c

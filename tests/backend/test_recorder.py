@@ -28,8 +28,9 @@ def poll(cond, timeout=20.0, what="condition"):
 
 
 @pytest.fixture
-def live(tmp_path):
-    app = create_app(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0))
+def live(tmp_path, database_url):
+    app = create_app(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0,
+                                     database_url=database_url))
     with TestClient(app) as c:
         c.app_ref = app
         assert app.state.recorder.ready.wait(20)
