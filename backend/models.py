@@ -279,6 +279,7 @@ class HealthPublic(SQLModel):
     events_recorded: int
     dead_letters: int
     workers_alive: int
+    held_waits: int
 
 
 class ErrorPublic(SQLModel):

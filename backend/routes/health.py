@@ -33,4 +33,4 @@ async def health(request: Request) -> dict:
             "broker": app.state.dispatcher.worker_settings.effective_broker_url.split("@")[-1],
             "broker_ok": broker_ok, "database": app.state.engine.dialect.name, "schema_revision": revision,
             "recorder": bool(rec and rec.is_alive()), "events_recorded": rec.applied if rec else 0,
-            "dead_letters": dead, "workers_alive": alive}
+            "dead_letters": dead, "workers_alive": alive, "held_waits": app.state.waiters.held}

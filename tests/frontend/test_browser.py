@@ -53,7 +53,7 @@ def test_submit_form_watch_cells_fill_and_read_chart(browser, stack):
     page.fill("#f-warmup", "0")
     page.click("#submit")
     page.wait_for_url("**/sweeps/*", timeout=15000)
-    page.wait_for_function("document.getElementById('status').dataset.status === 'done'", timeout=120000)
+    page.wait_for_selector("#status[data-status=done]", timeout=120000)  # no eval: the page's CSP forbids it
     rows = page.locator("#table-wrap tr[data-state=done]")
     assert rows.count() == 6
     page.wait_for_selector("#charts .js-plotly-plot .main-svg", timeout=20000)
@@ -89,3 +89,80 @@ def test_compare_page_shows_ratios(browser, stack):
     page.goto(f"{stack.url}/compare?a={a}&b={b}")
     assert page.locator("#compare-table tbody tr").count() == 2
     page.close()
+
+
+EVIL = "</script><script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">"
+
+
+def test_hostile_names_tags_and_imported_params_run_no_script_on_any_page(browser, stack, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.stack import ROOT
+
+    sid = stack.submit({"suite": "noop", "name": EVIL, "tags": {"note": EVIL}, "params": {"x": [1, 2]}})["id"]
+    stack.wait(sid)
+    run = tmp_path / "evil.jsonl"  # an imported run file whose params and metrics carry markup
+    run.write_text("\n".join(json.dumps(x) for x in [
+        {"kind": "sweep", "suite": "noop", "params": {"x": 1}, "name": EVIL, "tags": {"t": EVIL}},
+        {"kind": "cell", "cell": 0, "params": {"x": 1, "sleep_ms": 0, "mode": "ok"}, "state": "done",
+         "metrics": {"value": 2.0, "note": EVIL}, "error": EVIL}]) + "\n")
+    imported = subprocess.run([sys.executable, "-m", "backend.cli", "import", str(run)], cwd=ROOT, env=stack.env,
+                              capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    iid = json.loads(imported.stdout)["id"]
+    page = browser.new_page()
+    violations = []
+    page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+    for path in ("/", f"/sweeps/{sid}", f"/sweeps/{iid}", f"/compare?a={sid}&b={iid}"):
+        page.goto(stack.url + path)
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate("window.__pwned === undefined"), path
+    page.goto(f"{stack.url}/sweeps/{sid}")
+    page.wait_for_selector("#table-wrap tr[data-state=done]")
+    assert EVIL in page.inner_text("body")  # shown as text, not run
+    # the only CSP reports are the blocked injection attempts, never the page's own scripts or charts
+    assert all("onerror" in v or "inline" in v.lower() for v in violations), violations
+    page.close()
+
+
+def test_charts_draw_under_the_content_security_policy(browser, stack):
+    sid = stack.submit({"suite": "attention", "params": {
+        "impl": "naive", "seq_len": [16, 32], "batch": 1, "heads": 1, "d_head": 16, "dtype": "fp32",
+        "repeats": 2, "warmup": 0}})["id"]
+    stack.wait(sid)
+    page = browser.new_page()
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(f"{stack.url}/sweeps/{sid}")
+    page.wait_for_selector("#table-wrap tr[data-state=done]")
+    page.goto(f"{stack.url}/compare?a={sid}&b={sid}")
+    page.wait_for_selector("#chart .main-svg", timeout=20000)
+    assert not [e for e in errors if "Content Security Policy" in e], errors
+    page.close()
+
+
+def test_sign_in_with_protected_reads(browser, tmp_path):
+    s = Stack(tmp_path, extra_env={"BENCHLAB_API_TOKEN": "s3cret", "BENCHLAB_PROTECT_READS": "true"})
+    s.start_api()
+    try:
+        page = browser.new_page()
+        page.goto(s.url + "/")
+        assert "/login" in page.url  # sent to sign in, nothing of the data shown
+        page.fill("#token", "wrong")
+        page.click("#login")
+        assert page.locator("#login-error").inner_text() == "wrong token"
+        page.fill("#token", "s3cret")
+        page.click("#login")
+        page.wait_for_url(s.url + "/")
+        assert page.evaluate("document.cookie").count("benchlab_session") == 0  # HttpOnly: not readable
+        assert page.evaluate("localStorage.length") == 0
+        # the form submits with the session cookie and the CSRF echo
+        page.select_option("#suite", "noop")
+        page.click("#submit")
+        page.wait_for_url("**/sweeps/*", timeout=15000)
+        assert len(s.client.get("/api/sweeps", headers={"Authorization": "Bearer s3cret"}).json()) == 1
+        page.close()
+    finally:
+        s.stop()
