@@ -32,3 +32,13 @@ def test_compose_has_redis_api_and_a_gpu_worker():
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert any(v.split(":")[0] == "benchlab-data" for v in services["api"]["volumes"])
     assert any(v.split(":")[0] == "benchlab-data" for v in worker["volumes"])
+
+
+def test_compose_keeps_the_api_on_localhost_by_default_and_redis_on_disk():
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    api, redis = spec["services"]["api"], spec["services"]["redis"]
+    published = api["ports"][0]
+    assert published.startswith("${BENCHLAB_PUBLISH_ADDR:-127.0.0.1}:"), published
+    assert "--appendonly" in redis["command"] and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert api["restart"] == redis["restart"] == spec["services"]["gpu-worker"]["restart"] == "unless-stopped"
