@@ -8,7 +8,7 @@ BENCHLAB_PORT ?= 8000
 BENCHLAB_DATA_DIR ?= ./benchlab-data
 export BENCHLAB_HOST BENCHLAB_PORT BENCHLAB_DATA_DIR
 
-.PHONY: install demo test test-gpu clean
+.PHONY: install demo test lint test-gpu clean
 
 # On a machine without a GPU, take the CPU build of torch (on local disk here) and the Triton
 # version whose CPU interpreter runs the kernels; a GPU host keeps the torch and Triton it has.
@@ -28,7 +28,10 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/benchlab up
 
-test: install
+lint: install
+	$(PY) -m ruff check .
+
+test: install lint
 	$(PY) -m pytest -q
 
 test-gpu: install

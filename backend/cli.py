@@ -79,7 +79,7 @@ def _describe_reach(settings) -> list[str]:
     try:
         CancelRegistry(settings).ping()
         lines.append(f"broker {broker}: reachable")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 (any failure means: not reachable)
         lines.append(f"broker {broker}: NOT reachable ({type(exc).__name__}: {exc})")
     if settings.api_url:
         import httpx
@@ -244,7 +244,7 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
         cells = expand_grid(suite, params, max_cells=100_000)
     except SweepInputError as exc:
         console.print(f"[red]bad input:[/] {exc}")
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     settings = get_worker_settings()
     runner = Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
                     startup_timeout_s=settings.runner_startup_timeout_s)
@@ -262,7 +262,8 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
                 for rep in range(repeats):
                     progress.update(task, status=f"cell {i}: starting")
                     started = time.time()
-                    outcome = runner.run({"suite": suite, "params": cell, "artifact_dir": str(run_dir / f"cell_{i}_{rep}")},
+                    job = {"suite": suite, "params": cell, "artifact_dir": str(run_dir / f"cell_{i}_{rep}")}
+                    outcome = runner.run(job,
                                          timeout_s=timeout_s,
                                          on_progress=lambda m, i=i: progress.update(task, status=f"cell {i}: {m}"))
                     row = RunCell(cell=i, repeat=rep, params=cell, **outcome.as_dict(), started_at=started,
@@ -347,7 +348,7 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
         lines = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
     except json.JSONDecodeError as exc:
         console.print(f"[red]{path} is not JSON lines:[/] {exc}")
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     settings = get_settings()
     engine = make_engine(settings)
     prepare_schema(engine, settings.auto_migrate)
@@ -356,7 +357,7 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
             sweep = import_results(db, lines, name)
         except (ValueError, KeyError) as exc:
             console.print(f"[red]cannot import {path}:[/] {exc}")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         out.print(json.dumps({"id": sweep.id, "jobs": sum(1 for ln in lines if ln.get("kind") == "cell")}))
 
 

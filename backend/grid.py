@@ -34,29 +34,32 @@ def grid_size(params: dict[str, Any]) -> int:
 def expand_grid(suite: str, params: dict[str, Any], max_cells: int) -> list[dict[str, Any]]:
     """Validate and expand `params` into cells (each a full, validated params dict, defaults filled)."""
     if suite not in suite_names():
-        raise SweepInputError([_err(["body", "suite"], f"unknown suite {suite!r}; known suites: {', '.join(suite_names())}")])
+        raise SweepInputError([_err(["body", "suite"],
+                                    f"unknown suite {suite!r}; known suites: {', '.join(suite_names())}")])
     if not isinstance(params, dict):
         raise SweepInputError([_err(["body", "params"], "params must be an object of {name: value or [values]}")])
     model = get_suite(suite).Params
     known = {(f.alias or name) for name, f in model.model_fields.items()} | set(model.model_fields)
+    public = [f.alias or n for n, f in model.model_fields.items()]
     errors = []
     for name, value in params.items():
         if name not in known:
             errors.append(_err(["body", "params", name], f"unknown parameter {name!r} for suite {suite!r}; "
-                                                         f"known: {', '.join(sorted(f.alias or n for n, f in model.model_fields.items()))}"))
+                                                         f"known: {', '.join(sorted(public))}"))
         elif isinstance(value, list) and not value:
             errors.append(_err(["body", "params", name], "empty grid axis: give at least one value"))
     if errors:
         raise SweepInputError(errors)
     size = grid_size(params)
     if size > max_cells:
-        raise SweepInputError([_err(["body", "params"], f"the grid has {size} cells, more than the limit of {max_cells}")])
+        raise SweepInputError([_err(["body", "params"],
+                                    f"the grid has {size} cells, more than the limit of {max_cells}")])
 
     names = list(params)
     axes = [params[n] if isinstance(params[n], list) else [params[n]] for n in names]
     cells, seen_errors = [], {}
     for combo in itertools.product(*axes):
-        raw = dict(zip(names, combo))
+        raw = dict(zip(names, combo, strict=True))
         try:
             cells.append(cell_dict(model.model_validate(raw)))
         except ValidationError as exc:

@@ -8,9 +8,9 @@ from fastapi import FastAPI
 from backend.changes import ChangeFeed, WaiterLimit
 from backend.db import make_engine, prepare_schema
 from backend.dispatch import Dispatcher
+from backend.errors import COMMON_ERRORS, install_error_handlers
 from backend.pages import router as pages_router
 from backend.recorder import Recorder
-from backend.errors import COMMON_ERRORS, install_error_handlers
 from backend.routes import health, jobs, suites, sweeps, workers
 from backend.security import GuardMiddleware
 from backend.settings import BackendSettings, get_settings

@@ -16,8 +16,15 @@ from pydantic import field_validator
 from sqlalchemy import JSON, Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from worker.contract import (FINAL_STATES, JOB_STATES, QUEUE_PATTERN, RETRYABLE_STATES,  # noqa: F401 (re-exported)
-                             UNFINISHED_STATES, UNFINISHED_STATUSES, reserved_queue)
+from worker.contract import (  # noqa: F401 (re-exported)
+    FINAL_STATES,
+    JOB_STATES,
+    QUEUE_PATTERN,
+    RETRYABLE_STATES,
+    UNFINISHED_STATES,
+    UNFINISHED_STATUSES,
+    reserved_queue,
+)
 
 MAX_NAME_CHARS = 200
 MAX_TAGS = 50
@@ -56,7 +63,8 @@ class SweepCreate(SweepBase):
     suite: str = Field(max_length=100)
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
     params: dict[str, Any] = Field(default_factory=dict)
-    tags: dict[str, str] | None = Field(None, description=f"at most {MAX_TAGS}, names and values <= {MAX_TAG_CHARS} chars")
+    tags: dict[str, str] | None = Field(None, description=f"at most {MAX_TAGS}, names and values "
+                                                          f"<= {MAX_TAG_CHARS} chars")
     timeout_s: float | None = Field(None, gt=0, description="per job; at most BENCHLAB_MAX_JOB_TIMEOUT_S")
     repeats: int | None = Field(None, ge=1, le=100)
     queue: str | None = Field(None, max_length=100, schema_extra={"pattern": QUEUE_PATTERN})

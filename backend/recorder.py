@@ -96,7 +96,7 @@ class Recorder(threading.Thread):
                                   tries)
                 self._tries.pop(key, None)
                 message.ack()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 (the database is down: try again later)
                 log.exception("could not store a dead letter")
                 message.requeue()
 
@@ -105,7 +105,7 @@ class Recorder(threading.Thread):
         try:
             self._dead_letter(message.body, f"cannot be decoded: {type(exc).__name__}: {exc}")
             message.ack()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 (the database is down: the message stays unacknowledged)
             log.exception("could not store a dead letter")
 
     def reap(self, now: float | None = None) -> list[int]:

@@ -14,11 +14,30 @@ from sqlmodel import Session, select
 
 from backend.dispatch import Dispatcher, SendError
 from backend.grid import SweepInputError, expand_grid
-from backend.models import (FINAL_STATES, UNFINISHED_STATES, JOB_STATES, RETRYABLE_STATES, DeadLetter, Environment, Job, Result, Sweep,
-                            SweepCreate, WorkerRow)
+from backend.models import (
+    FINAL_STATES,
+    JOB_STATES,
+    RETRYABLE_STATES,
+    UNFINISHED_STATES,
+    DeadLetter,
+    Environment,
+    Job,
+    Result,
+    Sweep,
+    SweepCreate,
+    WorkerRow,
+)
 from backend.settings import BackendSettings
-from worker.contract import (HeartbeatEvent, JobPayload, ProgressEvent, ResultEvent, RunCell, RunHeader,
-                             StateEvent, parse_event)
+from worker.contract import (
+    HeartbeatEvent,
+    JobPayload,
+    ProgressEvent,
+    ResultEvent,
+    RunCell,
+    RunHeader,
+    StateEvent,
+    parse_event,
+)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -122,10 +141,10 @@ def _results_query(sweep_id: int, raw_json: bool):
     """One row per job with its latest result. raw_json: JSON columns come back as their stored text."""
     latest = (select(Result.job_id, func.max(Result.id).label("rid")).join(Job, Job.id == Result.job_id)
               .where(Job.sweep_id == sweep_id).group_by(Result.job_id).subquery())
-    as_text = (lambda c: cast(c, Text)) if raw_json else (lambda c: c)  # noqa: E731
+    as_text = (lambda c: cast(c, Text)) if raw_json else (lambda c: c)  # noqa: E731 (a one-line column mapper)
     return (select(Job.id, Job.cell_index, Job.repeat_index, as_text(Job.params), Job.state, as_text(Result.metrics),
-                   as_text(Result.nonfinite), Job.error, Job.worker, Job.attempts, Job.started_at, Job.finished_at, Result.duration_s,
-                   Job.env_id, as_text(Result.artifacts))
+                   as_text(Result.nonfinite), Job.error, Job.worker, Job.attempts, Job.started_at, Job.finished_at,
+                   Result.duration_s, Job.env_id, as_text(Result.artifacts))
             .where(Job.sweep_id == sweep_id)
             .outerjoin(latest, latest.c.job_id == Job.id)
             .outerjoin(Result, Result.id == latest.c.rid)
@@ -136,7 +155,7 @@ def result_rows(db: Session, sweep_id: int) -> list[dict[str, Any]]:
     """One row per job: params, state, the latest attempt's metrics, error. One query, no ORM objects."""
     rows = []
     for values in db.exec(_results_query(sweep_id, raw_json=False)).all():
-        row = dict(zip(_ROW_KEYS, values))
+        row = dict(zip(_ROW_KEYS, values, strict=True))
         for k, empty in _JSON_KEYS.items():
             row[k] = row[k] or json.loads(empty)
         rows.append(row)
@@ -159,7 +178,8 @@ def result_rows_json(db: Session, sweep_id: int) -> str:
     parts = []
     for values in db.exec(_results_query(sweep_id, raw_json=True)).all():
         parts.append("{" + ",".join(
-            p + ((v or e) if j else enc(v)) for p, v, j, e in zip(prefixes, values, json_keys, empties)) + "}")
+            p + ((v or e) if j else enc(v))
+            for p, v, j, e in zip(prefixes, values, json_keys, empties, strict=True)) + "}")
     return "[" + ",".join(parts) + "]"
 
 
@@ -172,7 +192,7 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> str:
     w.writerow(["job_id", "cell", "repeat", "state", *[f"param.{k}" for k in param_keys],
                 *[f"metric.{k}" for k in metric_keys], "error"])
     for r in rows:
-        val = lambda v: json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)  # noqa: E731
+        val = lambda v: json.dumps(v) if isinstance(v, (dict, list)) else ("" if v is None else v)  # noqa: E731 (a one-line cell formatter)
         first_error_line = (r["error"] or "").split("\n", 1)[0]
         w.writerow([r["job_id"], r["cell"], r["repeat"], r["state"], *[val(r["params"].get(k)) for k in param_keys],
                     *[val(r["metrics"].get(k)) for k in metric_keys], first_error_line])

@@ -203,7 +203,8 @@ def ddp_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     if mem:
         labels = [_label(r, var) for r in mem]
         parts = ("params", "grads", "optimizer_state", "other")
-        fig = go.Figure([go.Bar(name=p, x=labels, y=[r["memory_per_rank"].get(p, 0) / 2**20 for r in mem]) for p in parts])
+        fig = go.Figure([go.Bar(name=p, x=labels, y=[r["memory_per_rank"].get(p, 0) / 2**20 for r in mem])
+                         for p in parts])
         fig.update_layout(barmode="stack", title="Memory per rank before the optimizer step (MiB)", yaxis_title="MiB")
         figs.append(fig)
     return [f for f in figs if f is not None]
@@ -223,7 +224,8 @@ def generic_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     flat = _prepare(rows)
     params = list(rows[0]["params"]) if rows else []
     var = varying(flat, params)
-    numeric = [k for k in var if all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in flat)]
+    numeric = [k for k in var
+               if all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in flat)]
     metric = next((m for m in METRIC_KEYS if any(isinstance(r.get(m), (int, float)) for r in flat)), None)
     if not numeric or metric is None:
         metric = metric or "value"

@@ -122,7 +122,7 @@ class CausalMultiHeadSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
         *lead, seq, d_model = x.shape
         # (..., seq, heads*d_head) -> (..., heads, seq, d_head); head h takes columns h*d_head..
-        split = lambda t: t.view(*lead, seq, self.num_heads, self.d_head).transpose(-3, -2)  # noqa: E731
+        split = lambda t: t.view(*lead, seq, self.num_heads, self.d_head).transpose(-3, -2)  # noqa: E731 (a one-line reshape helper)
         q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
         if self.positional_encoder is not None:
             if token_positions is None:

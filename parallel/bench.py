@@ -141,7 +141,7 @@ def train_step_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     model = build_model(cfg, device)
     wrapped, opt, finish = wrap(model, cfg, device)
     inner = wrapped.module if hasattr(wrapped, "module") else wrapped
-    probe = lambda: memory_split(inner, opt, device)  # noqa: E731
+    probe = lambda: memory_split(inner, opt, device)  # noqa: E731 (a one-line probe)
     mem = {"after_construction": probe()}
     times, comm, wait, mem_steps = _time_steps(wrapped, opt, finish, cfg, device, tokens, targets, probe)
     mem.update(mem_steps)
@@ -192,7 +192,7 @@ def interleaved_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, An
         wrapped, opt, finish = wrap(build_model(cfg, device), {**cfg, "wrapper": name}, device)
         contenders[name] = (wrapped, opt, finish, [])
     for i in range(cfg["warmup"] + cfg["steps"]):
-        for name, (wrapped, opt, finish, times) in contenders.items():
+        for wrapped, opt, finish, times in contenders.values():
             dist.barrier()
             _sync(device)
             t0 = time.perf_counter()

@@ -50,7 +50,7 @@ def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
     for ts in groups.values():
         flat = _flatten_dense_tensors(ts)
         dist.broadcast(flat, src=src)
-        for t, synced in zip(ts, _unflatten_dense_tensors(flat, ts)):
+        for t, synced in zip(ts, _unflatten_dense_tensors(flat, ts), strict=True):
             t.copy_(synced)
 
 
@@ -98,7 +98,7 @@ class _DDPBase(nn.Module):
     def _drop_unused(self, used_here: list[bool]) -> None:
         """Set grad None on params no rank produced a gradient for; keep averaged zeros elsewhere."""
         used = globally_used(self.params, used_here, self.device)
-        for p, u in zip(self.params, used):
+        for p, u in zip(self.params, used, strict=True):
             if not u:
                 p.grad = None
 
@@ -135,7 +135,7 @@ class NaiveDDP(_ReduceAfterBackward):
     """One synchronous all-reduce per parameter after backward."""
 
     def _reduce(self, grads: list[torch.Tensor]) -> None:
-        for p, g in zip(self.params, grads):
+        for p, g in zip(self.params, grads, strict=True):
             dist.all_reduce(g)
             p.grad = g.div_(self.world_size)
             self._count(g)
@@ -153,7 +153,7 @@ class FlatDDP(_ReduceAfterBackward):
             flat = _flatten_dense_tensors(ts)  # one copy in: numel * element_size bytes
             dist.all_reduce(flat)
             flat.div_(self.world_size)
-            for i, synced in zip(idx, _unflatten_dense_tensors(flat, ts)):
+            for i, synced in zip(idx, _unflatten_dense_tensors(flat, ts), strict=True):
                 self.params[i].grad = synced
             self._count(flat)
 

@@ -169,7 +169,7 @@ class FSDP(nn.Module):
             self._gathered_by_ptr[full.untyped_storage().data_ptr()] = u.sp
             setattr(module, u.name, full)
         if self.compute_dtype is not None:
-            cast = lambda t: t.to(self.compute_dtype) if torch.is_tensor(t) and t.is_floating_point() else t  # noqa: E731
+            cast = lambda t: t.to(self.compute_dtype) if torch.is_tensor(t) and t.is_floating_point() else t  # noqa: E731 (a one-line cast helper)
             return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
         return None
 
@@ -230,9 +230,10 @@ class FSDP(nn.Module):
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
             p.grad.div_(self.world_size)
-        for p, used in zip(self.replicated, globally_used(self.replicated, used_here, p.device)):
+        flags = globally_used(self.replicated, used_here, self.replicated[0].device)
+        for q, used in zip(self.replicated, flags, strict=True):
             if not used:
-                p.grad = None
+                q.grad = None
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """Full fp32 tensors keyed by the unwrapped module's parameter names. A collective."""

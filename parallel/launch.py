@@ -9,8 +9,8 @@ RankError carries that rank's traceback, so a failure never turns into a hang.
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue as queue_mod
 import os
+import queue as queue_mod
 import signal
 import socket
 import sys
@@ -77,12 +77,12 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, fn: Callable
         results.put(("ok", rank, out))
     except BaseException:  # noqa: BLE001 - report every failure with its traceback
         results.put(("error", rank, traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 (best effort: the process group is torn down anyway)
                 pass
 
 
@@ -98,7 +98,8 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), device: st
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, backend, fn, args, results, timeout_s, os.getpid()),
+    parent = os.getpid()
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, backend, fn, args, results, timeout_s, parent),
                          name=f"benchlab-rank{r}", daemon=False) for r in range(world_size)]
     for p in procs:
         p.start()

@@ -49,7 +49,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _sync_hyperparameters(self) -> None:
         """Carry changes made to self.param_groups (an LR scheduler, say) into the local groups."""
-        for full, local in zip(self.param_groups, self.local.param_groups):
+        for full, local in zip(self.param_groups, self.local.param_groups, strict=True):
             for k, v in full.items():
                 if k != "params":
                     local[k] = v
@@ -71,7 +71,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 flat = _flatten_dense_tensors(ts)
                 dist.broadcast(flat, src=src)
                 if self.rank != src:
-                    for t, new in zip(ts, _unflatten_dense_tensors(flat, ts)):
+                    for t, new in zip(ts, _unflatten_dense_tensors(flat, ts), strict=True):
                         t.copy_(new)
 
     def local_state_bytes(self) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.localstack import Stack  # noqa: E402
+from backend.localstack import Stack  # noqa: E402 (sys.path is set up first)
 
 
 def main() -> None:
@@ -24,7 +24,8 @@ def main() -> None:
             stack.wait(sweep["id"], timeout=900)
             with sync_playwright() as p:
                 b = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                      args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+                                      args=["--headless", "--no-sandbox", "--disable-gpu",
+                                            "--disable-background-networking"])
                 page = b.new_page(viewport={"width": 1400, "height": 1000})
                 page.goto(f"{stack.url}/sweeps/{sweep['id']}")
                 page.wait_for_selector("#charts .js-plotly-plot .main-svg")

@@ -28,7 +28,7 @@ def redis_available(url: str = "redis://127.0.0.1:6379/0") -> bool:
         import redis
 
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 (any failure means: no Redis)
         return False
 
 

@@ -3,8 +3,9 @@
 The API marks a sweep cancelled; a worker checks the mark before it starts each job and reports
 the job `cancelled` instead of running it. While a job runs, the worker checks its sweep's mark
 every second and kills the cell when it appears (the job is reported `cancelled`). Redis: a key
-per sweep. Embedded broker: a file per sweep in the broker's folder. Sweeps are named by their uid (a random hex string), not their database id, so two deployments (or a
-fresh database) sharing a Redis never see each other's marks.
+per sweep. Embedded broker: a file per sweep in the broker's folder. Sweeps are named by their uid
+(a random hex string), not their database id, so two deployments (or a fresh database) sharing a
+Redis never see each other's marks.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Queues: jobs go to a queue named for what they need (`cpu`, `gpu`, `gpu.h200.x2`, ...; default
 `default`); job results and state changes go back as plain JSON messages on `results`, which the
 recorder beside the API consumes. Long jobs: acks_late, prefetch 1, and a Redis visibility timeout
-derived from the largest timeout a sweep may ask (BENCHLAB_MAX_JOB_TIMEOUT_S) so a job is not handed out twice while it runs.
+derived from the largest timeout a sweep may ask (BENCHLAB_MAX_JOB_TIMEOUT_S) so a job is not
+handed out twice while it runs.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from worker.celery_app import RESULTS_EXCHANGE, RESULTS_QUEUE
 
 def publish(app: Celery, event: BaseModel) -> None:
     with app.producer_or_acquire() as producer:
-        producer.publish(event.model_dump(mode="json"), exchange=RESULTS_EXCHANGE, routing_key="results", serializer="json",
+        producer.publish(event.model_dump(mode="json"), exchange=RESULTS_EXCHANGE, routing_key="results",
+                         serializer="json",
                          declare=[RESULTS_QUEUE], retry=True,
                          retry_policy={"max_retries": 10, "interval_start": 0.1, "interval_step": 0.5})

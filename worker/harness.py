@@ -100,7 +100,7 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
             fn()
             ends[i].record()
         torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
     else:
         samples = []
         for _ in range(repeats):

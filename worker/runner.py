@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from parallel.launch import die_with_parent
 
+
 @dataclass
 class Outcome:
     """How one cell ended: the state, its metrics or error, artifacts written, and where it ran."""

@@ -11,8 +11,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BENCHLAB_", env_file=".env", extra="ignore")
 
-    data_dir: Path = Field(Path("./benchlab-data"), description="artifacts, the embedded broker's folders, the SQLite file")
-    broker_url: str | None = Field(None, description="redis://host:6379/0 for real deployments; default: filesystem broker under data_dir")
+    data_dir: Path = Field(Path("./benchlab-data"),
+                           description="artifacts, the embedded broker's folders, the SQLite file")
+    broker_url: str | None = Field(None, description="redis://host:6379/0 for real deployments; "
+                                                     "default: filesystem broker under data_dir")
     broker_poll_interval_s: float = Field(0.02, gt=0, description="filesystem broker polling interval")
     job_timeout_s: float = Field(1800.0, gt=0, description="a job running longer is killed and recorded as `timeout`")
     max_job_timeout_s: float = Field(24 * 3600.0, gt=0, description="the largest timeout_s a sweep may ask; "
@@ -20,10 +22,13 @@ class WorkerSettings(BaseSettings):
     timeout_grace_s: float = Field(120.0, ge=0, description="a running job past its timeout plus this is lost")
     heartbeat_s: float = Field(5.0, gt=0, description="how often a worker says it is alive")
     runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
-    runner_startup_timeout_s: float = Field(300.0, gt=0, description="a runner process not ready (imports done) by then fails the job it was started for; not counted in the job's timeout")
-    api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with the API")
+    runner_startup_timeout_s: float = Field(300.0, gt=0, description="a runner process not ready (imports done) by "
+                                            "then fails the job it was started for; not counted in the job's timeout")
+    api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with "
+                                                  "the API")
     api_token: str | None = Field(None, description="bearer token for writes to the API")
-    commit: str | None = Field(None, description="git commit to record; wins over git (a copied tree may carry a stale .git)")
+    commit: str | None = Field(None, description="git commit to record; wins over git (a copied tree may carry a "
+                                                 "stale .git)")
 
     @property
     def visibility_timeout_s(self) -> int:

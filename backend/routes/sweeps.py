@@ -97,14 +97,16 @@ def get_results(sweep_id: SweepId, db: SessionDep, format: str = Query("json", p
     return Response(service.result_rows_json(db, sweep_id), media_type="application/json")
 
 
-@router.post("/{sweep_id}/retry", dependencies=[WriteAuth], response_model=SweepAction, response_model_exclude_none=True,
+@router.post("/{sweep_id}/retry", dependencies=[WriteAuth], response_model=SweepAction,
+             response_model_exclude_none=True,
              responses={**NOT_FOUND, **BROKER_DOWN})
 def retry(sweep_id: SweepId, db: SessionDep, dispatcher: DispatcherDep) -> dict:
     n = service.retry_sweep(db, dispatcher, _get_sweep(db, sweep_id))
     return {"id": sweep_id, "requeued": n}
 
 
-@router.post("/{sweep_id}/cancel", dependencies=[WriteAuth], response_model=SweepAction, response_model_exclude_none=True,
+@router.post("/{sweep_id}/cancel", dependencies=[WriteAuth], response_model=SweepAction,
+             response_model_exclude_none=True,
              responses={**NOT_FOUND, **BROKER_DOWN})
 def cancel(sweep_id: SweepId, db: SessionDep, dispatcher: DispatcherDep) -> dict:
     n = service.cancel_sweep(db, dispatcher, _get_sweep(db, sweep_id))

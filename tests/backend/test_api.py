@@ -78,7 +78,8 @@ def test_suites_carry_json_schema(client):
 
 
 def test_create_expands_grid_and_queues_one_task_per_job(client):
-    r = client.post("/api/sweeps", json={"suite": "attention", "params": {"seq_len": [128, 256], "impl": ["naive", "sdpa"],
+    r = client.post("/api/sweeps", json={"suite": "attention", "params": {"seq_len": [128, 256],
+                                                                          "impl": ["naive", "sdpa"],
                                                                             "d_head": 32}, "repeats": 2, "name": "g"})
     assert r.status_code == 201, r.text
     body = r.json()
@@ -127,7 +128,8 @@ def test_grid_over_the_cap_says_how_big(client):
 
 
 def test_malformed_json(client):
-    r = client.post("/api/sweeps", content=b'{"suite": "noop", "params": ', headers={"content-type": "application/json"})
+    r = client.post("/api/sweeps", content=b'{"suite": "noop", "params": ',
+                    headers={"content-type": "application/json"})
     assert r.status_code == 422 and "JSON" in r.text
     assert stored_sweeps(client) == 0
 
@@ -196,7 +198,8 @@ def test_results_json_fast_path_equals_parsed_rows(client):
         job = db.exec(select(Job).where(Job.sweep_id == sid)).first()
         service.apply_event(db, {"type": "result", "job_id": job.id, "state": "failed", "attempt": 1,
                                  "metrics": {"a": 1.5, "nested": {"b": [1, 2]}}, "error": 'quote " and \\n newline',
-                                 "env": {"torch": "t"}, "artifacts": [{"name": "x.json", "size": 3}], "duration_s": 0.1})
+                                 "env": {"torch": "t"}, "artifacts": [{"name": "x.json", "size": 3}],
+                                 "duration_s": 0.1})
         parsed = service.result_rows(db, sid)
     fast = client.get(f"/api/sweeps/{sid}/results").json()
     assert fast == parsed

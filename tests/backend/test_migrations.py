@@ -13,8 +13,17 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlmodel import select
 
-from backend.db import (PRE_MIGRATION_REVISION, SchemaOutOfDate, head_revision, make_engine, migrate,
-                        normalize_url, prepare_schema, schema_status, session)
+from backend.db import (
+    PRE_MIGRATION_REVISION,
+    SchemaOutOfDate,
+    head_revision,
+    make_engine,
+    migrate,
+    normalize_url,
+    prepare_schema,
+    schema_status,
+    session,
+)
 from backend.models import Environment, Job, Result, Sweep
 from backend.settings import BackendSettings
 from tests.conftest import postgres_admin_url

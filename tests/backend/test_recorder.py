@@ -6,7 +6,7 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-from kombu import Exchange, Producer
+from kombu import Producer
 from sqlmodel import select
 
 from backend.db import session

@@ -7,7 +7,6 @@ import torch
 from kernels.attention import naive_attention, naive_logsumexp
 from kernels.flash_pytorch import FlashAttentionPyTorch
 from kernels.flash_triton import FlashAttentionTriton, flash_attention_forward
-
 from tests.conftest import HAS_CUDA
 
 IMPLS = [FlashAttentionPyTorch, FlashAttentionTriton]
@@ -86,7 +85,7 @@ def test_fp16(impl, causal):
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
 def test_non_contiguous_4d(impl):
     # (b, s, h, d) storage read as (b, h, s, d): a transposed, non-contiguous view
-    prep = lambda t: t.transpose(1, 2)  # noqa: E731
+    prep = lambda t: t.transpose(1, 2)  # noqa: E731 (a one-line layout helper)
     q, k, v, do = _inputs((2, 3, 37, 32), (2, 3, 37, 32))
     ref = _reference(q, k, v, do, True)
     qi, ki, vi = (t.transpose(1, 2).contiguous().to(DEVICE, torch.float32).requires_grad_() for t in (q, k, v))
@@ -147,8 +146,8 @@ def test_grid_order_does_not_change_results(monkeypatch, causal):
     for tile_major in (True, False):
         monkeypatch.setattr(ft, "TILE_MAJOR", tile_major)
         results.append(_run(FlashAttentionTriton, q, k, v, do, causal, torch.float32))
-    for a, b in zip(results[0], results[1]):
-        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+    for a, b in zip(results[0], results[1], strict=True):
+        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
             assert torch.equal(x, y)
 
 

@@ -87,7 +87,7 @@ def _reference_logits(sd, ids, n_layers, n_heads, theta=10000.0, eps=1e-5):
 
     mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
     for i in range(n_layers):
-        g = lambda k: sd[f"layers.{i}.{k}"]  # noqa: E731
+        g = lambda k, i=i: sd[f"layers.{i}.{k}"]  # noqa: E731 (a one-line lookup reads best as a lambda)
         h = rms(x, g("ln1.weight"))
         q, k, v = (torch.einsum("bsd,ed->bse", h, g(f"attn.{n}_proj.weight")).view(*h.shape[:2], n_heads, dh)
                    .transpose(1, 2) for n in "qkv")
@@ -138,7 +138,7 @@ def test_checkpointing_changes_memory_not_results(policy):
     torch.testing.assert_close(loss_a, loss_b, rtol=0, atol=0)
     loss_a.backward()
     loss_b.backward()
-    for (n, p), q in zip(base.named_parameters(), ckpt.parameters()):
+    for (n, p), q in zip(base.named_parameters(), ckpt.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=n)
 
 

@@ -27,7 +27,7 @@ def _train_and_compare(rank, world, kind, opt_name, bucket_mb):
     ref = make_model(0)
     ddp = _wrap(kind, make_model(0 if rank == 0 else 100 + rank), bucket_mb)
     # construction broadcast rank 0's parameters and buffers
-    for (n, p), q in zip(ref.named_parameters(), ddp.module.parameters()):
+    for (n, p), q in zip(ref.named_parameters(), ddp.module.parameters(), strict=True):
         assert torch.equal(p, q), f"{n} not broadcast"
     assert torch.equal(ref.scale, ddp.module.scale)
     frozen_before = ddp.module.frozen.weight.detach().clone()
@@ -43,8 +43,8 @@ def _train_and_compare(rank, world, kind, opt_name, bucket_mb):
         assert ddp.module.unused.weight.grad is None, "a parameter no rank used must keep grad None"
         assert ddp.last_comm["collectives"] >= 1 and ddp.last_comm["comm_ms"] >= 0
         opt.step()
-        for (n, p), q in zip(ref.named_parameters(), ddp.module.parameters()):
-            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda m: f"{kind} {n}: {m}")
+        for (n, p), q in zip(ref.named_parameters(), ddp.module.parameters(), strict=True):
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{kind} {n}: {m}")
     assert torch.equal(ddp.module.frozen.weight, frozen_before), "frozen parameters must be left alone"
     assert ddp.module.frozen.weight.grad is None
     return ddp.last_comm

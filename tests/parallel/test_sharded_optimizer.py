@@ -33,7 +33,7 @@ def _exact(rank, world, opt_cls_name):
             (loss_fn(m(x), y) + (e * e).sum() * (step >= 2)).backward()
         ref_opt.step()
         opt.step()
-        for (n, p), q in zip(ref.named_parameters(), model.parameters()):
+        for (n, p), q in zip(ref.named_parameters(), model.parameters(), strict=True):
             assert torch.equal(p, q), f"{opt_cls_name} step {step}: {n} differs"
         assert torch.equal(extra_ref, extra)
     full = opt.consolidated_state_dict(to_rank=0)

@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         ms = {"current": [], "baseline": []}
         for _ in range(args.rounds):
             for label, mod in (("current", current), ("baseline", base)):
-                t = measure(lambda: mod.flash_attention_forward(q, k, v, causal), warmup=3, repeats=args.repeats,
+                def fwd(mod=mod, q=q, k=k, v=v, causal=causal):
+                    return mod.flash_attention_forward(q, k, v, causal)
+
+                t = measure(fwd, warmup=3, repeats=args.repeats,
                             device="cuda")
                 ms[label].append(t.median_ms)
         o_cur, _ = current.flash_attention_forward(q, k, v, causal)

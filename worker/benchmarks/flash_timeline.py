@@ -33,14 +33,15 @@ def timeline(trace: dict, iters: int) -> dict:
     # the flush is the one fill kernel over 256 MiB; everything between two flushes is one iteration
     flush_idx = [i for i, e in enumerate(gpu) if "fill" in e["name"].lower() or e.get("cat") == "gpu_memset"]
     rows = []
-    for a, b in zip(flush_idx, flush_idx[1:] + [len(gpu)]):
+    for a, b in zip(flush_idx, flush_idx[1:] + [len(gpu)], strict=True):
         flush = gpu[a]
         t0 = flush["ts"] + flush["dur"]
         kernels, busy, prev_end = [], 0.0, t0
         idle = 0.0
         for e in gpu[a + 1:b]:
             idle += max(0.0, e["ts"] - prev_end)
-            kernels.append({"name": _short(e["name"]), "start_us": round(e["ts"] - t0, 1), "dur_us": round(e["dur"], 1)})
+            kernels.append({"name": _short(e["name"]), "start_us": round(e["ts"] - t0, 1),
+                            "dur_us": round(e["dur"], 1)})
             busy += e["dur"]
             prev_end = max(prev_end, e["ts"] + e["dur"])
         rows.append({"span_us": round(prev_end - t0, 1), "kernel_us": round(busy, 1), "idle_us": round(idle, 1),

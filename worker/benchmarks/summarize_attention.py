@@ -40,7 +40,8 @@ def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:
         head.append("triton / efficient")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, causal in shapes:
-        by = {r["impl"]: r for r in rows if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
+        by = {r["impl"]: r for r in rows
+              if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
         tf = {i: by.get(i, {}).get(f"{pass_}_tflops") for i in impls}
         cells = [str(shape), "yes" if causal else "no"]
         cells += [f"{tf[i]:.0f}" if tf[i] else by.get(i, {}).get(f"{pass_}_error", "-")[:20] for i in impls]
@@ -49,7 +50,8 @@ def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:
         for other, cond in (("sdpa_flash", "sdpa_flash" in impls), ("sdpa_cudnn", "sdpa_cudnn" in impls),
                             ("sdpa_efficient", "sdpa_efficient" in impls and dtype == "fp32")):
             if cond:
-                cells.append(f"{tf['flash_triton'] / tf[other]:.2f}x" if tf.get("flash_triton") and tf.get(other) else "-")
+                ok = tf.get("flash_triton") and tf.get(other)
+                cells.append(f"{tf['flash_triton'] / tf[other]:.2f}x" if ok else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -58,7 +60,8 @@ def goals(rows: list[dict]) -> list[str]:
     """Issue 3's figures, checked on the rows present: bf16 fwd+bwd vs SDPA flash at seq >= 2048, the
     leaderboard shape, fp32 vs SDPA efficient at seq >= 8192."""
     def by(shape, causal, dtype):
-        return {r["impl"]: r for r in rows if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
+        return {r["impl"]: r for r in rows
+                if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
 
     out = []
     ratios = []
@@ -74,7 +77,8 @@ def goals(rows: list[dict]) -> list[str]:
     lb = by((16, 16384, 64), True, "bf16").get("flash_triton", {})
     if lb.get("fwd_bwd_ms"):
         out.append(f"- leaderboard (16, 16384, 64) causal bf16 fwd+bwd: {lb['fwd_bwd_ms']:.3f} ms median "
-                   f"(p20 {lb['fwd_bwd_p20_ms']:.3f}; goal <= 5.0 ms: {'met' if lb['fwd_bwd_ms'] <= 5.0 else 'not met'})")
+                   f"(p20 {lb['fwd_bwd_p20_ms']:.3f}; "
+                   f"goal <= 5.0 ms: {'met' if lb['fwd_bwd_ms'] <= 5.0 else 'not met'})")
     fp32 = []
     for r in rows:
         if r["impl"] == "flash_triton" and r["dtype"] == "fp32" and r["S"] >= 8192:

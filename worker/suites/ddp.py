@@ -52,7 +52,7 @@ def run(p: Params, ctx) -> dict:
     per_rank = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
     r0 = per_rank[0]
     t, base = Timing.from_samples(r0["samples_ms"]), Timing.from_samples(r0["nocomm_samples_ms"])
-    median = lambda xs: Timing.from_samples(xs).median_ms if xs else None  # noqa: E731
+    median = lambda xs: Timing.from_samples(xs).median_ms if xs else None  # noqa: E731 (a one-line summary helper)
     mem = r0["memory"]
     return {
         **t.as_dict(),

@@ -31,7 +31,8 @@ class Params(SuiteParams):
     context_length: Positive = 512
     batch: Positive = 4
     vocab_size: Positive = 10_000
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="bf16/fp16: autocast; fp16 adds loss scaling")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32",
+                                                       description="bf16/fp16: autocast; fp16 adds loss scaling")
     compile: bool = False
     attention: Literal["naive", "sdpa", "flash_triton", "flash_pytorch"] = "naive"
     checkpointing: str = Field("none", pattern=r"^(none|block|nested|every_[1-9][0-9]*)$")
@@ -153,7 +154,6 @@ def run(p: Params, ctx) -> dict:
     from kernels.model import TransformerLM, count_parameters, cross_entropy
     from kernels.optim import make_optimizer
     from worker.harness import SkipCell, measure, peak_memory_bytes, reset_peak_memory, resolve_device
-    from worker.suites.common import torch_dtype
 
     device = resolve_device(p.device)
     d_model, d_ff, num_layers, num_heads = p.dims()

@@ -12,12 +12,16 @@ def _row(impl, shape, causal, dtype, tflops, ms=None):
 
 def test_goals_met_and_missed():
     rows = [
-        _row("flash_triton", (8, 32, 2048, 64), True, "bf16", 300), _row("sdpa_flash", (8, 32, 2048, 64), True, "bf16", 200),
-        _row("flash_triton", (4, 32, 4096, 64), False, "bf16", 230), _row("sdpa_flash", (4, 32, 4096, 64), False, "bf16", 200),
+        _row("flash_triton", (8, 32, 2048, 64), True, "bf16", 300),
+        _row("sdpa_flash", (8, 32, 2048, 64), True, "bf16", 200),
+        _row("flash_triton", (4, 32, 4096, 64), False, "bf16", 230),
+        _row("sdpa_flash", (4, 32, 4096, 64), False, "bf16", 200),
         # below the seq >= 2048 bar: ignored however slow
-        _row("flash_triton", (32, 32, 512, 64), True, "bf16", 50), _row("sdpa_flash", (32, 32, 512, 64), True, "bf16", 200),
+        _row("flash_triton", (32, 32, 512, 64), True, "bf16", 50),
+        _row("sdpa_flash", (32, 32, 512, 64), True, "bf16", 200),
         _row("flash_triton", (16, 16384, 64), True, "bf16", 400, ms=5.2),
-        _row("flash_triton", (2, 32, 8192, 64), True, "fp32", 120), _row("sdpa_efficient", (2, 32, 8192, 64), True, "fp32", 35),
+        _row("flash_triton", (2, 32, 8192, 64), True, "fp32", 120),
+        _row("sdpa_efficient", (2, 32, 8192, 64), True, "fp32", 35),
     ]
     out = "\n".join(goals(rows))
     assert "2 shapes): 1.15x to 1.50x SDPA flash (goal >= 1.2x: not met)" in out
