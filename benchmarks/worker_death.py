@@ -1,0 +1,112 @@
+"""From `kill -9` of a worker mid-job to that job's final state.
+
+    PYTHONPATH=. python benchmarks/worker_death.py --samples 3 --out death.json
+
+Each sample starts a fresh stack (API + recorder + one worker, embedded broker or Redis) with the
+default heartbeat, reaper and lost-worker settings unless given, submits a noop job that sleeps
+for ten minutes, waits until it runs, kills the worker with SIGKILL and polls the job every 0.1 s
+until it is final. No replacement worker is started, so the figure is the reaper's path. Also
+recorded: whether any runner of the dead worker was left alive.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+
+def descendants(pid: int) -> set[int]:
+    parents = {}
+    for e in Path("/proc").iterdir():
+        if e.name.isdigit():
+            try:
+                parents[int(e.name)] = int((e / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def one(broker: str, redis_url: str, env: dict) -> dict:
+    from backend.localstack import Stack
+
+    with tempfile.TemporaryDirectory() as d:
+        kw = {"extra_env": env}
+        if broker == "redis":
+            kw.update(broker_url=redis_url, queue=f"death-{uuid.uuid4().hex[:8]}")
+        s = Stack(Path(d), **kw).start()
+        try:
+            sid = s.submit({"suite": "noop", "params": {"sleep_ms": 600_000}, "timeout_s": 1200})["id"]
+            job = s.results(sid)[0]["job_id"]
+            deadline = time.monotonic() + 120
+            while s.client.get(f"/api/jobs/{job}").json()["state"] != "running":
+                assert time.monotonic() < deadline, s.logs()
+                time.sleep(0.1)
+            tree = descendants(s.worker_proc.pid)
+            os.kill(s.worker_proc.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            s.worker_proc.wait(10)
+            while True:
+                j = s.client.get(f"/api/jobs/{job}").json()
+                if j["state"] not in ("queued", "running"):
+                    break
+                assert time.monotonic() - t0 < 600, "job not final after 600 s"
+                time.sleep(0.1)
+            return {"broker": broker, "seconds": time.monotonic() - t0, "state": j["state"], "error": j["error"],
+                    "left_alive": sorted(p for p in tree if alive(p))}
+        finally:
+            s.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=3)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/9")
+    ap.add_argument("--lost-after-s", type=float, default=None, help="BENCHLAB_WORKER_LOST_AFTER_S (default: its default)")
+    args = ap.parse_args()
+
+    from backend.localstack import exit_on_sigterm
+    from backend.settings import BackendSettings
+    from worker.harness import fingerprint
+    from worker.settings import WorkerSettings
+
+    exit_on_sigterm()
+    env = {} if args.lost_after_s is None else {"BENCHLAB_WORKER_LOST_AFTER_S": str(args.lost_after_s)}
+    b, w = BackendSettings(**({"worker_lost_after_s": args.lost_after_s} if args.lost_after_s else {})), \
+        WorkerSettings()
+    out = {"env": fingerprint(), "settings": {"worker_lost_after_s": b.worker_lost_after_s,
+                                              "reap_interval_s": b.reap_interval_s, "heartbeat_s": w.heartbeat_s},
+           "samples": []}
+    for i in range(args.samples):
+        for broker in ("embedded", "redis"):  # interleaved
+            r = one(broker, args.redis, env)
+            print(json.dumps(r), flush=True)
+            out["samples"].append(r)
+    for broker in ("embedded", "redis"):
+        xs = [r["seconds"] for r in out["samples"] if r["broker"] == broker]
+        out[f"{broker}_median_s"] = statistics.median(xs)
+        out[f"{broker}_range_s"] = [min(xs), max(xs)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
