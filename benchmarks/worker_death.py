@@ -79,7 +79,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/9")
-    ap.add_argument("--lost-after-s", type=float, default=None, help="BENCHLAB_WORKER_LOST_AFTER_S (default: its default)")
+    ap.add_argument("--lost-after-s", type=float, default=None,
+                    help="BENCHLAB_WORKER_LOST_AFTER_S (default: its default)")
     args = ap.parse_args()
 
     from backend.localstack import exit_on_sigterm
@@ -94,7 +95,7 @@ def main() -> int:
     out = {"env": fingerprint(), "settings": {"worker_lost_after_s": b.worker_lost_after_s,
                                               "reap_interval_s": b.reap_interval_s, "heartbeat_s": w.heartbeat_s},
            "samples": []}
-    for i in range(args.samples):
+    for _ in range(args.samples):
         for broker in ("embedded", "redis"):  # interleaved
             r = one(broker, args.redis, env)
             print(json.dumps(r), flush=True)
