@@ -1,6 +1,9 @@
 # benchlab: `make demo` starts the dashboard with its embedded worker; `make test` runs the CPU test suite.
 PYTHON ?= python3
-VENV ?= .venv
+# a PYTHON inside a virtual environment or conda env that already has torch (a GPU host's CUDA
+# build): benchlab goes into that environment; otherwise into .venv (scripts/install.sh says which)
+HOST_ENV := $(shell $(PYTHON) -c "import sys, torch; print(sys.prefix if sys.prefix != sys.base_prefix or 'conda' in sys.version.lower() else '')" 2>/dev/null)
+VENV ?= $(if $(HOST_ENV),$(HOST_ENV),.venv)
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BENCHLAB_HOST ?= 127.0.0.1
@@ -10,17 +13,10 @@ export BENCHLAB_HOST BENCHLAB_PORT BENCHLAB_DATA_DIR
 
 .PHONY: install demo test lint test-gpu clean
 
-# On a machine without a GPU, take the CPU build of torch (on local disk here) and the Triton
-# version whose CPU interpreter runs the kernels; a GPU host keeps the torch and Triton it has.
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		echo "GPU host: installing with its CUDA torch"; \
-	else \
-		$(PIP) install -q -c constraints-cpu.txt torch triton; \
-	fi
-	$(PIP) install -q -c constraints-cpu.txt -e ".[dev]"
+# A host whose PYTHON has torch keeps it (and its Triton); a machine without torch takes the CPU
+# pins of constraints-cpu.txt. scripts/install.sh says what it did.
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	scripts/install.sh $(PYTHON) $(VENV)
 	touch $@
 
 install: $(VENV)/.installed
@@ -37,5 +33,5 @@ test: install lint
 test-gpu: install
 	$(PY) -m pytest -q -m gpu
 
-clean:
-	rm -rf $(VENV) benchlab-data .pytest_cache
+clean:  # never removes a host environment benchlab was installed into
+	rm -rf .venv benchlab-data .pytest_cache

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install benchlab for `make`: usage scripts/install.sh PYTHON VENV
+#
+# - PYTHON already has torch (a GPU host: its CUDA build, in a system Python, a virtual environment
+#   or a conda env): that torch and its Triton are kept. In a virtual environment or conda env,
+#   benchlab is installed into it (VENV is that environment); for a system Python, VENV is created
+#   with --system-site-packages. pip gets a constraints file pinning the torch and Triton found,
+#   so it installs only what is missing and never replaces them.
+# - PYTHON has no torch (a CPU machine: developers, CI): VENV is created and takes the CPU pins of
+#   constraints-cpu.txt (torch's CPU build, Triton whose interpreter runs the kernels on CPU).
+# Offline hosts: pip reads PIP_FIND_LINKS / PIP_NO_INDEX from the environment (see the README).
+set -euo pipefail
+PYTHON=${1:?PYTHON}
+VENV=${2:?VENV}
+say() { echo "benchlab install: $*"; }
+
+host_torch=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+if [ -n "$host_torch" ]; then
+  host_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "none")')
+  host_triton=$("$PYTHON" -c 'import triton; print(triton.__version__)' 2>/dev/null || true)
+  prefix=$("$PYTHON" -c 'import sys; print(sys.prefix if sys.prefix != sys.base_prefix or "conda" in sys.version.lower() else "")')
+  if [ -n "$prefix" ] && [ "$(cd "$prefix" && pwd)" = "$(mkdir -p "$VENV" && cd "$VENV" && pwd)" ]; then
+    say "keeping torch $host_torch (CUDA $host_cuda) and Triton ${host_triton:-none} of $prefix; installing benchlab into it"
+  else
+    test -x "$VENV/bin/python" || "$PYTHON" -m venv --system-site-packages "$VENV"
+    if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+      say "torch of $PYTHON is not visible from $VENV (a venv sees only its base interpreter's packages);"
+      say "run without VENV=... to install into $PYTHON's own environment"
+      exit 2
+    fi
+    say "keeping torch $host_torch (CUDA $host_cuda) and Triton ${host_triton:-none} of $PYTHON (venv $VENV sees its packages)"
+  fi
+  pins="$VENV/.host-pins.txt"
+  { echo "torch==${host_torch}"; [ -n "$host_triton" ] && echo "triton==${host_triton}"; } > "$pins"
+  "$VENV/bin/python" -m pip install -q -c "$pins" -e ".[dev]"
+else
+  test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+  say "no torch in $PYTHON: CPU machine, installing the pins of constraints-cpu.txt into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -c constraints-cpu.txt torch triton
+  "$VENV/bin/python" -m pip install -q -c constraints-cpu.txt -e ".[dev]"
+fi
+"$VENV/bin/python" -c 'import torch, triton; print(f"benchlab install: torch {torch.__version__}, Triton {triton.__version__}")' \
+  2>/dev/null || "$VENV/bin/python" -c 'import torch; print(f"benchlab install: torch {torch.__version__}, no Triton")'

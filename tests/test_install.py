@@ -1,0 +1,47 @@
+"""`make install` on a host whose Python already has torch (a GPU host's layout: torch in its own
+virtual environment) keeps that torch and installs only what is missing. CPU torch stands in for
+the CUDA build; the logic does not depend on which."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH = "2.13.0"  # the build on this machine's local disk (constraints-cpu.txt)
+
+
+@pytest.fixture(scope="module")
+def host_env(tmp_path_factory):
+    """A virtual environment with torch installed before benchlab, as on the GPU host."""
+    env = tmp_path_factory.mktemp("host") / "torch-env"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    py = env / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"torch=={TORCH}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"could not prepare a torch environment: {r.stderr[-2000:]}")
+    return py
+
+
+def torch_file(py: Path) -> tuple[str, float]:
+    out = subprocess.run([str(py), "-c", "import torch, os; print(torch.__file__); print(torch.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return out[0], os.stat(out[0]).st_mtime_ns, out[1]
+
+
+def test_make_install_keeps_the_hosts_torch_and_installs_into_its_environment(host_env, tmp_path):
+    before = torch_file(host_env)
+    env = {k: v for k, v in os.environ.items() if k not in ("VENV", "VIRTUAL_ENV")}
+    r = subprocess.run(["make", "install", f"PYTHON={host_env}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"keeping torch {TORCH}" in r.stdout and "installing benchlab into it" in r.stdout, r.stdout
+    assert "constraints-cpu" not in r.stdout
+    assert torch_file(host_env) == before  # the same torch, untouched
+    check = subprocess.run([str(host_env), "-c", "import backend.cli, alembic, celery; print('ok')"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert check.stdout.strip() == "ok", check.stderr
+    pins = (host_env.parent.parent / ".host-pins.txt").read_text()
+    assert f"torch=={TORCH}" in pins
