@@ -248,8 +248,13 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
     settings = get_worker_settings()
     runner = Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
                     startup_timeout_s=settings.runner_startup_timeout_s)
-    run_dir = settings.artifact_root / f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}"
+    # with --out, each cell's artifacts (profiler traces, memory snapshots) go beside the file, so
+    # `benchlab import` brings them along; without, under the data dir
+    run_dir = (out_path.parent / f"{out_path.name}.artifacts" if out_path
+               else settings.artifact_root / f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}")
     rows: list[dict[str, Any]] = []
+    if out_path:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
     fh = out_path.open("w") if out_path else None
     if fh:
         fh.write(RunHeader(suite=suite, params=params, name=name, repeats=repeats,
@@ -266,8 +271,9 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
                     outcome = runner.run(job,
                                          timeout_s=timeout_s,
                                          on_progress=lambda m, i=i: progress.update(task, status=f"cell {i}: {m}"))
+                    rel = f"{out_path.name}.artifacts/cell_{i}_{rep}" if out_path and outcome.artifacts else None
                     row = RunCell(cell=i, repeat=rep, params=cell, **outcome.as_dict(), started_at=started,
-                                  finished_at=time.time()).model_dump(mode="json")
+                                  finished_at=time.time(), artifact_dir=rel).model_dump(mode="json")
                     rows.append(row)
                     if fh:
                         fh.write(json.dumps(row) + "\n")
@@ -339,7 +345,7 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
 @app.command("import")
 def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
             name: Optional[str] = typer.Option(None)) -> None:
-    """Load a `benchlab run --out` file into the database, with its fingerprints."""
+    """Load a `benchlab run --out` file into the database, with its fingerprints and artifacts."""
     from backend.db import make_engine, prepare_schema, session
     from backend.service import import_results
     from backend.settings import get_settings
@@ -354,7 +360,7 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
     prepare_schema(engine, settings.auto_migrate)
     with session(engine) as db:
         try:
-            sweep = import_results(db, lines, name)
+            sweep = import_results(db, lines, name, source_dir=path.parent, artifact_root=settings.artifact_root)
         except (ValueError, KeyError) as exc:
             console.print(f"[red]cannot import {path}:[/] {exc}")
             raise typer.Exit(2) from None
@@ -362,7 +368,8 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
 
 
 # -- the database ---------------------------------------------------------------------------------
-db_app = typer.Typer(help="The database's schema: see where it stands, upgrade it.", no_args_is_help=True)
+db_app = typer.Typer(help="The database: its schema (upgrade, current) and its content (export, import).",
+                     no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 
@@ -386,6 +393,54 @@ def db_current() -> None:
     out.print(json.dumps({"current": current, "head": head}))
     if current != head:
         raise typer.Exit(1)
+
+
+@db_app.command("export")
+def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to write ('-': standard output)"),
+              sweep: list[int] = typer.Option([], "--sweep", help="only these sweep ids (repeatable)")) -> None:
+    """Write sweeps with their jobs, results and fingerprints as JSON lines (backup, or another server)."""
+    from backend.backup import dumps_line, export_lines
+    from backend.db import head_revision, make_engine, prepare_schema, session
+    from backend.settings import get_settings
+
+    settings = get_settings()
+    engine = make_engine(settings)
+    prepare_schema(engine, settings.auto_migrate)
+    n = 0
+    fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
+    try:
+        with session(engine) as db:
+            for row in export_lines(db, head_revision(), sweep or None):
+                fh.write(dumps_line(row) + "\n")
+                n += row["kind"] == "sweep"
+    finally:
+        if fh is not sys.stdout:
+            fh.close()
+    console.print(f"exported {n} sweep(s) to {out_path}")
+
+
+@db_app.command("import")
+def db_import(in_path: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
+    """Load a `benchlab db export` file; sweeps already present (same uid) are skipped."""
+    from backend.backup import import_lines
+    from backend.db import make_engine, prepare_schema, session
+    from backend.settings import get_settings
+
+    try:
+        lines = [json.loads(ln) for ln in in_path.read_text().splitlines() if ln.strip()]
+    except json.JSONDecodeError as exc:
+        console.print(f"[red]{in_path} is not JSON lines:[/] {exc}")
+        raise typer.Exit(2) from None
+    settings = get_settings()
+    engine = make_engine(settings)
+    prepare_schema(engine, settings.auto_migrate)
+    with session(engine) as db:
+        try:
+            counts = import_lines(db, lines)
+        except ValueError as exc:
+            console.print(f"[red]cannot import {in_path}:[/] {exc}")
+            raise typer.Exit(2) from None
+    out.print(json.dumps(counts))
 
 
 if __name__ == "__main__":

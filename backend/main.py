@@ -26,7 +26,10 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
             app.state.recorder = Recorder(app.state.dispatcher.app, app.state.engine, app.state.changes,
                                           worker_settings=app.state.dispatcher.worker_settings,
                                           lost_after_s=settings.worker_lost_after_s,
-                                          reap_interval_s=settings.reap_interval_s)
+                                          reap_interval_s=settings.reap_interval_s,
+                                          retention=(settings.artifact_root, settings.artifact_max_age_days,
+                                                     settings.artifact_max_total_mb)
+                                          if settings.artifact_max_age_days or settings.artifact_max_total_mb else None)
             app.state.recorder.start()
         yield
         if app.state.recorder is not None:

@@ -288,6 +288,8 @@ class HealthPublic(SQLModel):
     dead_letters: int
     workers_alive: int
     held_waits: int
+    artifacts_bytes: int
+    artifacts_jobs: int
 
 
 class ErrorPublic(SQLModel):

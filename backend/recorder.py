@@ -26,6 +26,7 @@ from kombu import Consumer
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
+from backend.artifacts import enforce_retention
 from backend.changes import ChangeFeed
 from backend.db import session
 from backend.service import apply_event, reap_lost_jobs, store_dead_letter
@@ -35,12 +36,13 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger("benchlab.recorder")
 MAX_TRIES = 3
+RETENTION_INTERVAL_S = 600.0
 
 
 class Recorder(threading.Thread):
     def __init__(self, celery_app, engine: Engine, changes: ChangeFeed | None = None, *,
                  worker_settings: WorkerSettings | None = None, lost_after_s: float = 30.0,
-                 reap_interval_s: float = 5.0):
+                 reap_interval_s: float = 5.0, retention: tuple | None = None):
         super().__init__(name="benchlab-recorder", daemon=True)
         self.app = celery_app
         self.engine = engine
@@ -48,6 +50,7 @@ class Recorder(threading.Thread):
         self.worker_settings = worker_settings or WorkerSettings()
         self.lost_after_s = lost_after_s
         self.reap_interval_s = reap_interval_s
+        self.retention = retention  # (artifact root, max age in days, max total MB), or None
         self._stop_event = threading.Event()
         self._tries: dict[str, int] = {}
         self.applied = 0
@@ -120,8 +123,19 @@ class Recorder(threading.Thread):
                 self.changes.bump()
         return reaped
 
+    def _enforce_retention(self) -> None:
+        root, max_age_days, max_total_mb = self.retention
+        try:
+            removed = enforce_retention(root, max_age_days, max_total_mb)
+        except OSError:
+            log.exception("artifact retention failed")
+            return
+        if removed:
+            log.warning("artifact retention removed %d job folder(s): %s", len(removed), ", ".join(removed[:10]))
+
     def run(self) -> None:
         next_reap = time.monotonic() + self.reap_interval_s
+        next_retention = 0.0
         while not self._stop_event.is_set():
             try:
                 with self.app.connection_for_read() as conn:
@@ -139,6 +153,9 @@ class Recorder(threading.Thread):
                                     self.reap()
                                 except Exception:  # noqa: BLE001 - the database is busy: next round
                                     log.exception("reaper failed")
+                            if self.retention is not None and time.monotonic() >= next_retention:
+                                next_retention = time.monotonic() + RETENTION_INTERVAL_S
+                                self._enforce_retention()
             except Exception:  # noqa: BLE001 - broker went away: reconnect
                 log.exception("recorder lost the broker; reconnecting")
                 self._stop_event.wait(1.0)

@@ -6,7 +6,10 @@ import hashlib
 import io
 import json
 import math
+import re
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Text, cast, func
@@ -38,6 +41,8 @@ from worker.contract import (
     StateEvent,
     parse_event,
 )
+
+SAFE_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class BrokerUnavailable(RuntimeError):
@@ -178,7 +183,7 @@ def result_rows_json(db: Session, sweep_id: int) -> str:
     parts = []
     for values in db.exec(_results_query(sweep_id, raw_json=True)).all():
         parts.append("{" + ",".join(
-            p + ((v or e) if j else enc(v))
+            p + ((v if v and v != "null" else e) if j else enc(v))
             for p, v, j, e in zip(prefixes, values, json_keys, empties, strict=True)) + "}")
     return "[" + ",".join(parts) + "]"
 
@@ -394,8 +399,26 @@ def store_dead_letter(db: Session, body: Any, error: str, tries: int = 1) -> Dea
     return row
 
 
-def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = None) -> Sweep:
-    """Load a `benchlab run --out` file: a header line {"kind": "sweep", ...} then one {"kind": "cell", ...} per job."""
+def _copy_artifacts(source_dir: Path, rel: str, dest: Path) -> list[dict[str, Any]]:
+    """Copy a cell's artifacts from beside a run file; only plain files with safe names, inside source_dir."""
+    folder = (source_dir / rel).resolve()
+    if not folder.is_relative_to(source_dir.resolve()):
+        raise ValueError(f"artifact folder {rel!r} is outside the run file's folder")
+    if not folder.is_dir():
+        raise ValueError(f"artifact folder {rel!r} is missing beside the run file")
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and not f.is_symlink() and SAFE_ARTIFACT_NAME.fullmatch(f.name):
+            shutil.copyfile(f, dest / f.name)
+            copied.append({"name": f.name, "size": f.stat().st_size})
+    return copied
+
+
+def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = None,
+                   source_dir: Path | None = None, artifact_root: Path | None = None) -> Sweep:
+    """Load a `benchlab run --out` file: a header line {"kind": "sweep", ...} then one {"kind": "cell", ...} per job.
+    With `source_dir` and `artifact_root`, each cell's artifacts are copied from beside the file."""
     from pydantic import ValidationError
 
     from worker.suites import suite_names
@@ -422,7 +445,14 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
                   error=c.error, worker=c.worker, env_id=env_id, started_at=c.started_at, finished_at=c.finished_at)
         db.add(job)
         db.flush()
-        db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite, artifacts=[],
+        artifacts = []
+        if c.artifact_dir and source_dir is not None and artifact_root is not None:
+            try:
+                artifacts = _copy_artifacts(source_dir, c.artifact_dir, artifact_root / f"job_{job.id}")
+            except ValueError:
+                db.rollback()
+                raise
+        db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite, artifacts=artifacts,
                       duration_s=c.duration_s, env_id=env_id))
     db.commit()
     return sweep

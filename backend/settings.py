@@ -29,6 +29,9 @@ class BackendSettings(BaseSettings):
                                                 "(against DNS rebinding), e.g. bench.example.com,127.0.0.1")
     worker_lost_after_s: float = Field(30.0, gt=0, description="a worker silent this long is gone: its job "
                                                               "is recorded `failed: worker lost`")
+    artifact_max_age_days: float | None = Field(None, gt=0, description="artifacts older than this are removed")
+    artifact_max_total_mb: float | None = Field(None, gt=0, description="the oldest artifacts are removed while "
+                                                                        "all of them take more than this")
     reap_interval_s: float = Field(5.0, gt=0, description="how often the recorder looks for lost jobs")
 
     @property

@@ -196,6 +196,7 @@ class RunCell(_Message):
     artifacts: list[dict[str, Any]] = Field(default_factory=list)
     duration_s: float | None = None
     worker: str | None = None
+    artifact_dir: str | None = Field(None, description="the cell's artifacts, relative to the run file's folder")
     started_at: float | None = None
     finished_at: float | None = None
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from typing import Annotated
 
@@ -15,7 +14,7 @@ from backend.errors import CONFLICT, NOT_FOUND
 from backend.models import ArtifactStored, ErrorPublic, Job, JobPublic
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_SAFE_NAME = service.SAFE_ARTIFACT_NAME
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a job's id")]
 TOO_LARGE = {413: {"model": ErrorPublic, "description": "Artifact over BENCHLAB_MAX_ARTIFACT_MB"}}
 

@@ -1,0 +1,106 @@
+"""Backup and air-gapped runs: `benchlab db export/import`, artifacts that travel with `run --out`,
+and artifact retention."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from backend.artifacts import enforce_retention, usage
+from backend.main import create_app
+from backend.settings import BackendSettings
+from tests.stack import ROOT
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+TINY_PROFILED_MODEL = ["-p", "size=custom", "-p", "d_model=32", "-p", "d_ff=64", "-p", "num_layers=1",
+                       "-p", "num_heads=2", "-p", "context_length=16", "-p", "batch=1", "-p", "vocab_size=100",
+                       "-p", "steps=1", "-p", "warmup=0", "-p", "profile=true"]
+
+
+def benchlab(*args, data_dir: Path, timeout=300):
+    return subprocess.run([sys.executable, "-m", "backend.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "BENCHLAB_DATA_DIR": str(data_dir)}, timeout=timeout)
+
+
+def test_export_then_import_into_another_database_keeps_everything_and_is_idempotent(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    shutil.copy(FIXTURES / "db-ef84b57.sqlite", src / "benchlab.db")  # a database of the previous release
+    out = tmp_path / "backup.jsonl"
+    r = benchlab("db", "export", str(out), data_dir=src)
+    assert r.returncode == 0 and "exported 4 sweep(s)" in r.stderr, r.stderr
+    kinds = [json.loads(x)["kind"] for x in out.read_text().splitlines()]
+    assert kinds[0] == "benchlab-export" and kinds.count("sweep") == 4 and kinds.count("job") == 12
+    assert kinds.count("result") == 10 and kinds.count("environment") == 1
+    r = benchlab("db", "import", str(out), data_dir=dst)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"sweeps": 4, "jobs": 12, "results": 10, "environments": 1, "sweeps_skipped": 0}
+    again = benchlab("db", "import", str(out), data_dir=dst)
+    assert json.loads(again.stdout)["sweeps_skipped"] == 4 and json.loads(again.stdout)["jobs"] == 0
+    app_a = create_app(BackendSettings(data_dir=src), with_recorder=False)
+    app_b = create_app(BackendSettings(data_dir=dst), with_recorder=False)
+    with TestClient(app_a) as a, TestClient(app_b) as b:
+        sa, sb = a.get("/api/sweeps").json(), b.get("/api/sweeps").json()
+        strip = lambda rows: [{k: v for k, v in r.items() if k not in ("id",)} for r in rows]  # noqa: E731 (a view)
+        assert strip(sa) == strip(sb)
+        for x, y in zip(sa, sb, strict=True):
+            ra, rb = a.get(f"/api/sweeps/{x['id']}/results").json(), b.get(f"/api/sweeps/{y['id']}/results").json()
+            drop = ("job_id", "env_id")
+            assert [{k: v for k, v in r.items() if k not in drop} for r in ra] == \
+                   [{k: v for k, v in r.items() if k not in drop} for r in rb]
+
+
+def test_import_of_a_bad_export_changes_nothing(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"kind": "benchlab-export", "v": 1}) + "\n" + json.dumps({"kind": "sweep"}) + "\n")
+    r = benchlab("db", "import", str(bad), data_dir=tmp_path / "d")
+    assert r.returncode == 2 and "line 2" in r.stderr and "uid" in r.stderr, r.stderr
+    newer = tmp_path / "newer.jsonl"
+    newer.write_text(json.dumps({"kind": "benchlab-export", "v": 99}) + "\n")
+    r = benchlab("db", "import", str(newer), data_dir=tmp_path / "d")
+    assert r.returncode == 2 and "newer" in r.stderr
+    with TestClient(create_app(BackendSettings(data_dir=tmp_path / "d"), with_recorder=False)) as c:
+        assert c.get("/api/sweeps").json() == []
+
+
+def test_an_offline_runs_profiler_artifacts_reach_the_dashboard(tmp_path):
+    offline, server = tmp_path / "gpu-host", tmp_path / "server"
+    out = offline / "runs" / "profiled.jsonl"
+    r = benchlab("run", "model", *TINY_PROFILED_MODEL, "--out", str(out), data_dir=offline / "data")
+    assert r.returncode == 0, r.stderr
+    cell = json.loads(out.read_text().splitlines()[1])
+    assert {a["name"] for a in cell["artifacts"]} >= {"trace.json"} and cell["artifact_dir"]
+    moved = tmp_path / "carried"  # the file and its artifacts travel together, to another machine
+    shutil.copytree(out.parent, moved)
+    r = benchlab("import", str(moved / "profiled.jsonl"), data_dir=server)
+    assert r.returncode == 0, r.stderr
+    sid = json.loads(r.stdout)["id"]
+    with TestClient(create_app(BackendSettings(data_dir=server), with_recorder=False)) as c:
+        row = c.get(f"/api/sweeps/{sid}/results").json()[0]
+        assert "trace.json" in {a["name"] for a in row["artifacts"]}
+        trace = c.get(f"/api/jobs/{row['job_id']}/artifacts/trace.json")
+        assert trace.status_code == 200 and trace.content == (moved / cell["artifact_dir"] / "trace.json").read_bytes()
+        assert c.get("/api/health").json()["artifacts_bytes"] > 0
+
+
+def test_retention_removes_the_oldest_job_folders_first(tmp_path):
+    root = tmp_path / "artifacts"
+    now = time.time()
+    for i, age_days in enumerate([10, 5, 1, 0]):
+        d = root / f"job_{i}"
+        d.mkdir(parents=True)
+        f = d / "trace.json"
+        f.write_bytes(b"x" * 1024 * 1024)  # 1 MiB each
+        os.utime(f, (now - age_days * 86400, now - age_days * 86400))
+        os.utime(d, (now - age_days * 86400, now - age_days * 86400))
+    assert usage(root) == {"bytes": 4 * 1024 * 1024, "jobs": 4}
+    assert enforce_retention(root, None, None, now) == []
+    assert enforce_retention(root, 7, None, now) == ["job_0"]  # older than a week
+    assert enforce_retention(root, None, 1.5, now) == ["job_1", "job_2"]  # then the oldest until <= 1.5 MB
+    assert sorted(p.name for p in root.iterdir()) == ["job_3"]
