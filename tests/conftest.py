@@ -66,6 +66,16 @@ def database_url(request):
     if request.param == "sqlite":
         yield None
         return
+    yield from _fresh_postgres()
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh PostgreSQL database, dropped afterwards."""
+    yield from _fresh_postgres()
+
+
+def _fresh_postgres():
     import subprocess
     import uuid
 
