@@ -41,4 +41,7 @@ def test_compose_keeps_the_api_on_localhost_by_default_and_redis_on_disk():
     assert published.startswith("${BENCHLAB_PUBLISH_ADDR:-127.0.0.1}:"), published
     assert "--appendonly" in redis["command"] and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
     assert any(v.endswith(":/data") for v in redis["volumes"])
-    assert api["restart"] == redis["restart"] == spec["services"]["gpu-worker"]["restart"] == "unless-stopped"
+    worker = spec["services"]["gpu-worker"]
+    assert api["restart"] == redis["restart"] == worker["restart"] == "unless-stopped"
+    assert "benchlab-heartbeat" in " ".join(worker["healthcheck"]["test"]) and api["healthcheck"]["test"]
+    assert api["build"]["args"]["BENCHLAB_COMMIT"] and worker["build"]["args"]["BENCHLAB_COMMIT"]

@@ -32,6 +32,28 @@ def torch_file(py: Path) -> tuple[str, float]:
     return out[0], os.stat(out[0]).st_mtime_ns, out[1]
 
 
+def test_the_images_install_step_keeps_the_base_images_torch(host_env, tmp_path):
+    before = torch_file(host_env)
+    r = subprocess.run(["scripts/install-image.sh", str(host_env), "postgres"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"keeping torch=={TORCH}" in r.stdout and f"benchlab with torch {TORCH}" in r.stdout
+    assert torch_file(host_env) == before
+    check = subprocess.run([str(host_env), "-c", "import psycopg, backend.db; print('ok')"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert check.stdout.strip() == "ok", check.stderr
+
+
+def test_dockerfile_uses_that_step_runs_as_a_user_and_records_the_commit():
+    text = (ROOT / "Dockerfile").read_text()
+    assert "RUN scripts/install-image.sh python postgres" in text
+    assert "-devel" in text.split("ARG BASE=", 1)[1].split()[0]  # a compiler for Triton and inductor
+    assert "\nUSER benchlab" in text and "useradd" in text
+    assert "ARG BENCHLAB_COMMIT" in text and "BENCHLAB_COMMIT=${BENCHLAB_COMMIT}" in text
+    assert "HEALTHCHECK" in text
+    assert "pip install -e" not in text and "pip install torch" not in text
+
+
 def test_make_install_keeps_the_hosts_torch_and_installs_into_its_environment(host_env, tmp_path):
     before = torch_file(host_env)
     env = {k: v for k, v in os.environ.items() if k not in ("VENV", "VIRTUAL_ENV")}

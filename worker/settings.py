@@ -20,6 +20,8 @@ class WorkerSettings(BaseSettings):
     max_job_timeout_s: float = Field(24 * 3600.0, gt=0, description="the largest timeout_s a sweep may ask; "
                                      "the Redis visibility timeout is derived from it")
     timeout_grace_s: float = Field(120.0, ge=0, description="a running job past its timeout plus this is lost")
+    heartbeat_file: Path | None = Field(None, description="touched at each heartbeat (a container healthcheck "
+                                                          "reads its age)")
     heartbeat_s: float = Field(5.0, gt=0, description="how often a worker says it is alive")
     runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
     runner_startup_timeout_s: float = Field(300.0, gt=0, description="a runner process not ready (imports done) by "

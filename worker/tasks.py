@@ -105,12 +105,14 @@ class Heartbeat(threading.Thread):
     """Publishes a HeartbeatEvent every `interval_s` (and at once when asked): the worker's name, queues,
     GPUs and the job it runs. The reaper beside the API uses it to find jobs whose worker is gone."""
 
-    def __init__(self, app: Celery, worker: str, queues: list[str], interval_s: float, commit: str | None = None):
+    def __init__(self, app: Celery, worker: str, queues: list[str], interval_s: float, commit: str | None = None,
+                 file=None):
         super().__init__(name="benchlab-heartbeat", daemon=True)
         self.app, self.interval_s = app, interval_s
         self.base = {"worker": worker, "hostname": socket.gethostname(), "pid": os.getpid(), "queues": queues,
                      "gpus": visible_gpus(), "commit": commit}
         self.current: RunningJob | None = None
+        self.file = file
         self._wake = threading.Event()
         self._stop = threading.Event()
 
@@ -119,6 +121,9 @@ class Heartbeat(threading.Thread):
             publish(self.app, HeartbeatEvent(**self.base, current=self.current, stopping=stopping))
         except Exception:  # noqa: BLE001 - the broker is away: the next beat tries again
             log.warning("heartbeat not sent", exc_info=True)
+            return
+        if self.file is not None and not stopping:
+            self.file.write_text(f"{time.time()}\n")  # sent: a healthcheck reads the file's age
 
     def set_job(self, job: RunningJob | None) -> None:
         self.current = job
@@ -132,7 +137,8 @@ class Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self.join(5)
+        if self.is_alive():
+            self.join(5)
         self.current = None
         self.beat(stopping=True)
 
@@ -142,7 +148,8 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
     """Register `benchlab.run_job` on `app`; returns the worker's state (runner, heartbeat) for shutdown."""
     hostname = socket.gethostname()
     worker = worker_name or f"{hostname}:benchlab@{hostname}"
-    heartbeat = Heartbeat(app, worker, queues or [], settings.heartbeat_s, settings.commit)
+    heartbeat = Heartbeat(app, worker, queues or [], settings.heartbeat_s, settings.commit,
+                          file=settings.heartbeat_file)
     state: dict[str, Any] = {"runner": Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
                                              startup_timeout_s=settings.runner_startup_timeout_s),
                              "cancel": CancelRegistry(settings), "heartbeat": heartbeat, "worker": worker}

@@ -46,3 +46,33 @@ def test_finish_waits_for_a_report_in_flight():
     r.finish()  # the job's result would be published right after this returns
     order.append("result")
     assert order == ["running", "result"]
+
+
+def test_heartbeat_publishes_the_current_job_and_touches_its_file(tmp_path, monkeypatch):
+    import worker.tasks as tasks
+    from worker.contract import HeartbeatEvent, RunningJob
+
+    sent = []
+    monkeypatch.setattr(tasks, "publish", lambda app, event: sent.append(event))
+    hb = tasks.Heartbeat(app=None, worker="h:w:1", queues=["gpu"], interval_s=60, file=tmp_path / "hb")
+    hb.set_job(RunningJob(job_id=7, attempt=2))
+    hb.beat()
+    assert isinstance(sent[0], HeartbeatEvent) and sent[0].current == RunningJob(job_id=7, attempt=2)
+    assert sent[0].queues == ["gpu"] and not sent[0].stopping
+    assert float((tmp_path / "hb").read_text()) > 0
+    (tmp_path / "hb").unlink()
+    hb.stop()  # never started: stop still says goodbye, with no job
+    assert sent[-1].stopping and sent[-1].current is None
+    assert not (tmp_path / "hb").exists()  # the goodbye does not look like a healthy worker
+
+
+def test_a_heartbeat_that_cannot_be_sent_does_not_touch_the_file(tmp_path, monkeypatch):
+    import worker.tasks as tasks
+
+    def down(app, event):
+        raise ConnectionError("broker away")
+
+    monkeypatch.setattr(tasks, "publish", down)
+    hb = tasks.Heartbeat(app=None, worker="h:w:1", queues=[], interval_s=60, file=tmp_path / "hb")
+    hb.beat()
+    assert not (tmp_path / "hb").exists()
