@@ -4,6 +4,7 @@ PYTHON ?= python3
 # build): benchlab goes into that environment; otherwise into .venv (scripts/install.sh says which)
 HOST_ENV := $(shell $(PYTHON) -c "import sys, torch; print(sys.prefix if sys.prefix != sys.base_prefix or 'conda' in sys.version.lower() else '')" 2>/dev/null)
 VENV ?= $(if $(HOST_ENV),$(HOST_ENV),.venv)
+EXTRAS ?= dev
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BENCHLAB_HOST ?= 127.0.0.1
@@ -16,7 +17,7 @@ export BENCHLAB_HOST BENCHLAB_PORT BENCHLAB_DATA_DIR
 # A host whose PYTHON has torch keeps it (and its Triton); a machine without torch takes the CPU
 # pins of constraints-cpu.txt. scripts/install.sh says what it did.
 $(VENV)/.installed: pyproject.toml scripts/install.sh
-	scripts/install.sh $(PYTHON) $(VENV)
+	scripts/install.sh $(PYTHON) $(VENV) "$(EXTRAS)"
 	touch $@
 
 install: $(VENV)/.installed

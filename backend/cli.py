@@ -311,6 +311,16 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
 
     body = _load_spec(spec)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        _submit(body, server, headers, wait, poll_s, timeout_s)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]cannot reach the server {server}:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _submit(body: dict, server: str, headers: dict, wait: bool, poll_s: float, timeout_s: float) -> None:
+    import httpx
+
     with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
         r = client.post("/api/sweeps", json=body)
         if r.status_code != 201:

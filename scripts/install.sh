@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install benchlab for `make`: usage scripts/install.sh PYTHON VENV
+# Install benchlab for `make`: usage scripts/install.sh PYTHON VENV [EXTRAS]   (EXTRAS: dev by default;
+# "" for the service alone, e.g. on a GPU host that only runs workers)
 #
 # - PYTHON already has torch (a GPU host: its CUDA build, in a system Python, a virtual environment
 #   or a conda env): that torch and its Triton are kept. In a virtual environment or conda env,
@@ -12,6 +13,9 @@
 set -euo pipefail
 PYTHON=${1:?PYTHON}
 VENV=${2:?VENV}
+EXTRAS=${3-dev}
+spec=.
+[ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
 say() { echo "benchlab install: $*"; }
 
 host_torch=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
@@ -32,13 +36,13 @@ if [ -n "$host_torch" ]; then
   fi
   pins="$VENV/.host-pins.txt"
   { echo "torch==${host_torch}"; [ -n "$host_triton" ] && echo "triton==${host_triton}"; } > "$pins"
-  "$VENV/bin/python" -m pip install -q -c "$pins" -e ".[dev]"
+  "$VENV/bin/python" -m pip install -q -c "$pins" -e "$spec"
 else
   test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
   say "no torch in $PYTHON: CPU machine, installing the pins of constraints-cpu.txt into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -c constraints-cpu.txt torch triton
-  "$VENV/bin/python" -m pip install -q -c constraints-cpu.txt -e ".[dev]"
+  "$VENV/bin/python" -m pip install -q -c constraints-cpu.txt -e "$spec"
 fi
 "$VENV/bin/python" -c 'import torch, triton; print(f"benchlab install: torch {torch.__version__}, Triton {triton.__version__}")' \
   2>/dev/null || "$VENV/bin/python" -c 'import torch; print(f"benchlab install: torch {torch.__version__}, no Triton")'

@@ -11,6 +11,13 @@ if not HAS_CUDA:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # the declared markers, applied: `-m redis`, `-m browser` select those tests
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+        if "postgres_url" in getattr(item, "fixturenames", ()) or "[postgres" in item.nodeid:
+            item.add_marker(pytest.mark.postgres)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU host)")

@@ -180,7 +180,8 @@ def test_artifact_upload_and_download(client):
     r = client.put(f"/api/jobs/{job_id}/artifacts/trace.json", content=data)
     assert r.status_code == 201 and r.json()["size"] == len(data)
     assert client.get(f"/api/jobs/{job_id}/artifacts/trace.json").content == data
-    assert client.put(f"/api/jobs/{job_id}/artifacts/..%2Fescape", content=b"x").status_code in (404, 422)
+    # the decoded path has one segment more, so no route takes it
+    assert client.put(f"/api/jobs/{job_id}/artifacts/..%2Fescape", content=b"x").status_code == 404
     assert client.put(f"/api/jobs/{job_id}/artifacts/.hidden", content=b"x").status_code == 422
 
 

@@ -65,7 +65,7 @@ def test_submit_wait_succeeds_and_fails_by_cell_state(stack, tmp_path):
     p = benchlab("submit", str(bad), "--server", stack.url, "--wait", "--poll-s", "0.2")
     assert p.returncode == 1, p.stdout + p.stderr
     p = benchlab("submit", str(good), "--server", stack.url.replace(str(stack.port), "1"))
-    assert p.returncode != 0
+    assert p.returncode == 2 and "cannot reach" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_api_restart_keeps_sweeps_and_results(stack):

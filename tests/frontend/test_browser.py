@@ -81,13 +81,20 @@ def test_bad_form_input_shows_the_field_and_submits_nothing(browser, stack):
 
 
 def test_compare_page_shows_ratios(browser, stack):
-    body = {"suite": "noop", "params": {"x": [1, 2]}}
+    body = {"suite": "attention", "params": {"impl": "naive", "seq_len": [16, 32], "batch": 1, "heads": 1,
+                                             "d_head": 16, "dtype": "fp32", "repeats": 2, "warmup": 0}}
     a, b = stack.submit(body)["id"], stack.submit(body)["id"]
     stack.wait(a)
     stack.wait(b)
+    rows_a = {r["params"]["seq_len"]: r["metrics"]["median_ms"] for r in stack.results(a)}
+    rows_b = {r["params"]["seq_len"]: r["metrics"]["median_ms"] for r in stack.results(b)}
     page = browser.new_page()
     page.goto(f"{stack.url}/compare?a={a}&b={b}")
     assert page.locator("#compare-table tbody tr").count() == 2
+    ratios = [float(t) for t in page.locator("#compare-table td.ratio").all_inner_texts()]
+    expected = [rows_b[s] / rows_a[s] for s in sorted(rows_a)]
+    assert ratios == [float(f"{x:.3f}") for x in expected]  # B / A of the medians, cell by cell
+    page.wait_for_selector("#chart .main-svg")
     page.close()
 
 

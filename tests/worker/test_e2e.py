@@ -76,6 +76,16 @@ def test_retry_requeues_only_failed_cells(stack):
     assert [h["attempt"] for h in job["history"]] == [1, 2]  # the first attempt's result is kept
 
 
+def queued_messages(stack) -> int:
+    """Messages still waiting on the broker for this stack's queue (claimed ones count too)."""
+    url = stack.env.get("BENCHLAB_BROKER_URL")
+    if url:
+        import redis
+
+        return redis.Redis.from_url(url).llen(stack.queue)
+    return len([p for p in (stack.data_dir / "broker" / "queue").iterdir() if f".{stack.queue}.msg" in p.name])
+
+
 def test_cancel_mid_way_starts_no_new_cells(stack):
     sweep = stack.submit({"suite": "noop", "params": {"x": list(range(30)), "sleep_ms": 200}})
     deadline = time.monotonic() + 60
@@ -85,7 +95,12 @@ def test_cancel_mid_way_starts_no_new_cells(stack):
     r = stack.client.post(f"/api/sweeps/{sweep['id']}/cancel")
     assert r.status_code == 200
     cancelled_at = time.time()
-    time.sleep(2.0)  # long enough for several more cells, had they started
+    # every message of the sweep has reached the worker (which skips cancelled ones): only then
+    # could a cell have started after the cancel
+    deadline = time.monotonic() + 60
+    while queued_messages(stack) > 0:
+        assert time.monotonic() < deadline, "the worker did not take the sweep's messages"
+        time.sleep(0.05)
     summary = stack.wait(sweep["id"])
     assert summary["status"] == "cancelled"
     rows = stack.results(sweep["id"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 from queue import Empty
 
 import pytest
@@ -58,9 +59,11 @@ def test_concurrent_writer_and_readers_lose_nothing(tmp_path):
     for p in producers:
         p.start()
     got = []
+    deadline = time.monotonic() + 120
     with _connection(tmp_path) as conn:
         ch = conn.default_channel
         while len(got) < n:
+            assert time.monotonic() < deadline, f"only {len(got)} of {n} messages arrived"
             try:
                 got.append(ch._get("q"))  # a torn read would raise here (JSON decode error)
             except Empty:

@@ -9,14 +9,14 @@ def test_short_job_sends_nothing():
     sent = []
     r = RunningReport(lambda: sent.append(1), delay_s=0.3).start()
     r.finish()
-    time.sleep(0.5)
-    assert sent == []
+    r._timer.join(5)  # the timer thread has ended (cancelled), so nothing can be sent any more
+    assert not r._timer.is_alive() and sent == []
 
 
 def test_long_job_sends_once_after_the_delay():
-    sent = []
-    r = RunningReport(lambda: sent.append(time.monotonic()), delay_s=0.05).start()
-    time.sleep(0.4)
+    sent, fired = [], threading.Event()
+    r = RunningReport(lambda: (sent.append(time.monotonic()), fired.set()), delay_s=0.05).start()
+    assert fired.wait(5)  # the timer sent it
     r.now()  # e.g. a progress line later: no second report
     r.finish()
     assert len(sent) == 1
@@ -27,7 +27,8 @@ def test_now_sends_at_once_and_the_timer_does_not_repeat_it():
     r = RunningReport(lambda: sent.append(1), delay_s=0.1).start()
     r.now()
     assert sent == [1]
-    time.sleep(0.3)
+    r._timer.join(5)  # the timer has run out (and found the report sent)
+    assert not r._timer.is_alive()
     r.finish()
     assert sent == [1]
 
