@@ -12,10 +12,10 @@ probe='import torch, triton, os; print(torch.__version__, torch.version.cuda, tr
 "$py" -c "$probe" > "$out/torch_before.txt"
 t0=$("$py" -c 'import time; print(time.time())')
 if command -v make >/dev/null; then how=make
-  PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" PIP_NO_BUILD_ISOLATION=1 make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1
+  PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1
 else how=scripts/install.sh  # what `make install` runs
   env_prefix=$("$py" -c 'import sys; print(sys.prefix)')
-  PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" PIP_NO_BUILD_ISOLATION=1 scripts/install.sh "$py" "$env_prefix" "" > "$out/install.log" 2>&1
+  PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" scripts/install.sh "$py" "$env_prefix" "" > "$out/install.log" 2>&1
 fi
 rc=$?
 t1=$("$py" -c 'import time; print(time.time())')
