@@ -16,7 +16,7 @@ ENV BENCHLAB_COMMIT=${BENCHLAB_COMMIT} \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY scripts/install-image.sh scripts/install-image.sh
+COPY scripts/install-image.sh scripts/requirements.py scripts/
 COPY backend backend
 COPY worker worker
 COPY kernels kernels

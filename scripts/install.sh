@@ -5,8 +5,8 @@
 # - PYTHON already has torch (a GPU host: its CUDA build, in a system Python, a virtual environment
 #   or a conda env): that torch and its Triton are kept. In a virtual environment or conda env,
 #   benchlab is installed into it (VENV is that environment); for a system Python, VENV is created
-#   with --system-site-packages. pip gets a constraints file pinning the torch and Triton found,
-#   so it installs only what is missing and never replaces them.
+#   with --system-site-packages. pip installs benchlab's other requirements, then benchlab with
+#   --no-deps (scripts/requirements.py), so it never touches that torch and Triton.
 # - PYTHON has no torch (a CPU machine: developers, CI): VENV is created and takes the CPU pins of
 #   constraints-cpu.txt (torch's CPU build, Triton whose interpreter runs the kernels on CPU).
 # Offline hosts: pip reads PIP_FIND_LINKS / PIP_NO_INDEX from the environment (see the README).
@@ -34,9 +34,13 @@ if [ -n "$host_torch" ]; then
     fi
     say "keeping torch $host_torch (CUDA $host_cuda) and Triton ${host_triton:-none} of $PYTHON (venv $VENV sees its packages)"
   fi
-  pins="$VENV/.host-pins.txt"
-  { echo "torch==${host_torch}"; [ -n "$host_triton" ] && echo "triton==${host_triton}"; } > "$pins"
-  "$VENV/bin/python" -m pip install -q -c "$pins" -e "$spec"
+  # benchlab's requirements without torch and Triton, then benchlab itself without dependencies:
+  # pip never re-resolves the host's torch (whose own pins, e.g. its CUDA libraries, may not be
+  # installable here), so it can neither replace nor "repair" it
+  reqs="$VENV/.benchlab-requirements.txt"
+  "$VENV/bin/python" scripts/requirements.py "$EXTRAS" > "$reqs"
+  "$VENV/bin/python" -m pip install -q -r "$reqs"
+  "$VENV/bin/python" -m pip install -q --no-deps -e .
 else
   test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
   say "no torch in $PYTHON: CPU machine, installing the pins of constraints-cpu.txt into $VENV"

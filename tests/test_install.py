@@ -65,5 +65,16 @@ def test_make_install_keeps_the_hosts_torch_and_installs_into_its_environment(ho
     check = subprocess.run([str(host_env), "-c", "import backend.cli, alembic, celery; print('ok')"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert check.stdout.strip() == "ok", check.stderr
-    pins = (host_env.parent.parent / ".host-pins.txt").read_text()
-    assert f"torch=={TORCH}" in pins
+    reqs = (host_env.parent.parent / ".benchlab-requirements.txt").read_text().splitlines()
+    assert "alembic>=1.13" in reqs and not [r for r in reqs if r.startswith(("torch", "triton"))]
+
+
+def test_requirements_leave_out_torch_and_triton_and_name_unknown_extras():
+    run = lambda *a: subprocess.run([sys.executable, "scripts/requirements.py", *a], cwd=ROOT,  # noqa: E731 (a call)
+                                    capture_output=True, text=True)
+    base, dev = run("").stdout.splitlines(), run("dev,postgres").stdout.splitlines()
+    assert "fastapi>=0.110" in base and "alembic>=1.13" in base
+    assert not [r for r in base + dev if r.lower().startswith(("torch", "triton"))]
+    assert set(base) < set(dev) and "psycopg[binary]>=3.1" in dev
+    bad = run("gpu")
+    assert bad.returncode != 0 and "unknown extra(s) gpu" in bad.stderr
