@@ -133,7 +133,9 @@ def main() -> int:
 
     exit_on_sigterm()  # a run killed by `timeout` still stops the API and worker it started
 
-    result: dict = {"env": fingerprint(), "database": (args.database_url or "sqlite").split("://")[0].split("+")[0]}
+    from worker.settings import WorkerSettings
+
+    result: dict = {"env": fingerprint(WorkerSettings().commit), "database": (args.database_url or "sqlite").split("://")[0].split("+")[0]}
     extra = {"BENCHLAB_DATABASE_URL": args.database_url} if args.database_url else {}
     for broker in ("embedded", "redis"):
         with tempfile.TemporaryDirectory() as d:

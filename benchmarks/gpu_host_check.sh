@@ -4,6 +4,7 @@
 # paths the fault-tolerance work touched: NCCL DDP / ZeRO-1 / FSDP cells on 2 ranks, and a worker
 # killed with SIGKILL while a 2-rank NCCL job runs (its runner and ranks must die with it).
 # Usage: benchmarks/gpu_host_check.sh OUT_DIR WHEELHOUSE [PYTHON]     (run from the repository root)
+# Pass BENCHLAB_COMMIT: a copied tree may carry a stale .git, and the commit recorded must be what ran.
 set -u
 out=${1:?output folder}; wh=${2:?wheelhouse}; py=${3:-$(command -v python3)}
 mkdir -p "$out"

@@ -74,7 +74,9 @@ def main() -> int:
     from backend.settings import BackendSettings
     from worker.harness import fingerprint
 
-    out: dict = {"env": fingerprint(), "label": args.label, "cells": args.cells}
+    from worker.settings import WorkerSettings
+
+    out: dict = {"env": fingerprint(WorkerSettings().commit), "label": args.label, "cells": args.cells}
     with tempfile.TemporaryDirectory() as d:
         app = create_app(BackendSettings(data_dir=Path(d), max_grid_cells=args.cells), with_recorder=False)
         sid, first_job = fill(app, args.cells)

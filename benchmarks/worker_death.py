@@ -111,7 +111,7 @@ def main() -> int:
     b = BackendSettings(**({"worker_lost_after_s": args.lost_after_s, "reap_interval_s": 0.5}
                            if args.lost_after_s else {}))
     w = WorkerSettings(**({"heartbeat_s": 1.0} if args.lost_after_s else {}))
-    out = {"env": fingerprint(), "settings": {"worker_lost_after_s": b.worker_lost_after_s,
+    out = {"env": fingerprint(WorkerSettings().commit), "settings": {"worker_lost_after_s": b.worker_lost_after_s,
                                               "reap_interval_s": b.reap_interval_s, "heartbeat_s": w.heartbeat_s},
            "samples": []}
     for _ in range(args.samples):
