@@ -73,7 +73,6 @@ def main() -> int:
     from backend.models import Job
     from backend.settings import BackendSettings
     from worker.harness import fingerprint
-
     from worker.settings import WorkerSettings
 
     out: dict = {"env": fingerprint(WorkerSettings().commit), "label": args.label, "cells": args.cells}
