@@ -128,7 +128,7 @@ def main() -> int:
     ap.add_argument("--database-url", default=None, help="an empty database for the API (default: SQLite)")
     args = ap.parse_args()
 
-    from backend.localstack import Stack, exit_on_sigterm
+    from tests.stack import Stack, exit_on_sigterm
     from worker.harness import fingerprint
 
     exit_on_sigterm()  # a run killed by `timeout` still stops the API and worker it started

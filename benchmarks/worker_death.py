@@ -51,7 +51,7 @@ NOOP_JOB = {"suite": "noop", "params": {"sleep_ms": 600_000}}
 
 
 def one(broker: str, redis_url: str, env: dict, job_body: dict = NOOP_JOB) -> dict:
-    from backend.localstack import Stack
+    from tests.stack import Stack
 
     with tempfile.TemporaryDirectory() as d:
         kw = {"extra_env": env}
@@ -99,8 +99,8 @@ def main() -> int:
                     help="BENCHLAB_WORKER_LOST_AFTER_S (default: its default)")
     args = ap.parse_args()
 
-    from backend.localstack import exit_on_sigterm
     from backend.settings import BackendSettings
+    from tests.stack import exit_on_sigterm
     from worker.harness import fingerprint
     from worker.settings import WorkerSettings
 

@@ -416,7 +416,7 @@ def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
 
 
 # The first config of each space is the d=64 winner of the tile search on the H200
-# (worker/benchmarks/flash_tune.py, docs/results/h200/flash_tune_*.jsonl); the next ones are the
+# (benchmarks/flash_tune.py, docs/results/h200/flash_tune_*.jsonl); the next ones are the
 # d=128 winners and the configs autotuning picked on the main grid before that search, plus small
 # tiles for short sequences and small head dims. At most 7 per kernel: a cold key tunes in seconds.
 FWD_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(256, 64, 8, 3), _cfg(128, 64, 4, 3),

@@ -1,4 +1,4 @@
-"""FLOP counts for what benchlab times (DESIGN.md "Measuring").
+"""FLOP counts for what benchlab times (docs/architecture.md, "Measuring").
 
 Attention: S = QK^T is 2*s_q*s_k*d FLOPs per head, O = PV another 2*s_q*s_k*d, so the
 forward is 4*b*h*s_q*s_k*d (softmax ignored), halved when causal. Backward redoes QK^T

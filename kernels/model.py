@@ -1,4 +1,4 @@
-"""The CS336 Transformer LM, a drop-in twin of the course's `BasicsTransformerLM` (shared/MODEL.md).
+"""The CS336 Transformer LM, a drop-in twin of the course's `BasicsTransformerLM`.
 
 Same parameter names, shapes and initialisation (modules are built in the reference's order, so
 one seed gives the same weights), same RoPE quirk, same logits. What benchlab adds: the attention

@@ -1,4 +1,4 @@
-"""The course's AdamW (shared/MODEL.md), step for step.
+"""The course's AdamW, step for step.
 
 Per parameter p with gradient g, state m, v and step t (starting at 1):
     p -= lr * wd * p                                   (decoupled decay, applied first)

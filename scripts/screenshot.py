@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.localstack import Stack  # noqa: E402 (sys.path is set up first)
+from tests.stack import Stack  # noqa: E402 (sys.path is set up first)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""DESIGN.md's import rules, checked on the source: who may import whom."""
+"""The import rules of docs/architecture.md, checked on the source: who may import whom."""
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,6 @@
 """Measurement harness: timers, peak memory, OOM classification and the environment fingerprint.
 
-Rules (DESIGN.md "Measuring"): warm up first, synchronise at the timing boundaries (CUDA events
+Rules (docs/architecture.md, "Measuring"): warm up first, synchronise at the timing boundaries (CUDA events
 on GPU, a monotonic clock on CPU), repeat, report the median with p20/p80 and the sample count.
 torch is imported inside the functions so that the torch-free parts of the worker stay light.
 """

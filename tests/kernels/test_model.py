@@ -67,7 +67,7 @@ def test_rope_rule_on_a_hand_computed_case():
 
 
 def _reference_logits(sd, ids, n_layers, n_heads, theta=10000.0, eps=1e-5):
-    """An independent functional forward of the course's model, written from MODEL.md."""
+    """An independent functional forward of the course's model, written from the course's model description."""
     x = sd["token_embeddings.weight"][ids]
     d = x.shape[-1]
     dh = d // n_heads

@@ -1,6 +1,6 @@
 """The `attention` suite: latency, TFLOP/s and peak memory of one attention implementation.
 
-Inputs are q, k, v shaped (batch, heads, seq_len, d_head), contiguous. FLOPs by DESIGN.md:
+Inputs are q, k, v shaped (batch, heads, seq_len, d_head), contiguous. FLOPs (kernels/flops.py):
 forward 4*b*h*s^2*d (halved when causal), backward 2.5x, forward+backward 3.5x.
 """
 from __future__ import annotations

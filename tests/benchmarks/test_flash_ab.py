@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from worker.benchmarks.flash_ab import load_module
+from benchmarks.flash_ab import load_module
 
 
 def test_loads_a_flash_module_from_a_path():
-    path = Path(__file__).resolve().parents[3] / "kernels" / "flash_triton.py"
+    path = Path(__file__).resolve().parents[2] / "kernels" / "flash_triton.py"
     mod = load_module(path, "flash_copy_for_test")
     assert mod.__name__ == "flash_copy_for_test" and hasattr(mod, "FlashAttentionTriton")
 

@@ -1,6 +1,6 @@
 """BucketedDDP against torch DistributedDataParallel, same bucket sizes, steps interleaved in one run.
 
-    python -m worker.benchmarks.ddp_vs_torch --out docs/results/cpu/ddp_vs_torch_interleaved.jsonl
+    python -m benchmarks.ddp_vs_torch --out docs/results/cpu/ddp_vs_torch_interleaved.jsonl
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, time
 sys.path.insert(0, {root!r})
-from backend.localstack import exit_on_sigterm
+from tests.stack import exit_on_sigterm
 exit_on_sigterm()
 try:
     print("ready", flush=True)

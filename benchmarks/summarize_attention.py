@@ -2,7 +2,7 @@
 
 Several files (one per grid, say) are read as one table set; each file's fingerprint is listed.
 
-    python -m worker.benchmarks.summarize_attention docs/results/h200/attention_main_534a741.jsonl \
+    python -m benchmarks.summarize_attention docs/results/h200/attention_main_534a741.jsonl \
         docs/results/h200/attention_leaderboard_534a741.jsonl > docs/results/h200/attention_summary.md
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ def goals(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
     if not paths:
-        print("usage: python -m worker.benchmarks.summarize_attention FILE.jsonl [FILE.jsonl ...]", file=sys.stderr)
+        print("usage: python -m benchmarks.summarize_attention FILE.jsonl [FILE.jsonl ...]", file=sys.stderr)
         return 2
     rows = []
     for path in paths:

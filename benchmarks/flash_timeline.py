@@ -9,7 +9,7 @@ has no launch gaps, so the difference bounds what launch overhead costs. `--sust
 iterations with events and the profiler at once while sampling the SM clock: if event time equals
 the kernels' span, the time is in slower kernels (the chip clocks down under load), not in gaps.
 
-    python -m worker.benchmarks.flash_timeline --out docs/results/h200/flash_timeline.json
+    python -m benchmarks.flash_timeline --out flash_timeline.json
 """
 from __future__ import annotations
 

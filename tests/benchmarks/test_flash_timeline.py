@@ -1,5 +1,5 @@
 """The timeline parser splits a profiler trace at the L2 flushes and counts idle time between kernels."""
-from worker.benchmarks.flash_timeline import timeline
+from benchmarks.flash_timeline import timeline
 
 
 def _k(name, ts, dur, cat="kernel"):
@@ -41,7 +41,7 @@ def test_chrome_trace_reads_back_the_profile_and_keeps_it_when_asked(tmp_path):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from worker.benchmarks.flash_timeline import chrome_trace
+    from benchmarks.flash_timeline import chrome_trace
 
     def profiled():  # a profile can be exported once
         with profile(activities=[ProfilerActivity.CPU]) as prof:

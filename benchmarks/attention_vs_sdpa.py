@@ -4,7 +4,7 @@ Grids (issue 3): flash-attention's convention of 16k tokens at model dim 2048
 (batch = 16384 / seq, heads = 2048 / d), seq 512..16384, d 64 and 128, causal and not, bf16;
 the CS336 leaderboard shape (16, 16384, 64) causal bf16; a long-context memory check; fp32.
 
-    python -m worker.benchmarks.attention_vs_sdpa --out docs/results/h200/attention.jsonl
+    python -m benchmarks.attention_vs_sdpa --out attention.jsonl
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The summary checks issue 3's goals on whatever rows it is given, and says when one is missed."""
-from worker.benchmarks.summarize_attention import goals
+from benchmarks.summarize_attention import goals
 
 
 def _row(impl, shape, causal, dtype, tflops, ms=None):

@@ -7,7 +7,7 @@ the swept kernel's). Compiles run first in parallel worker processes (they fill 
 cache); the timing runs after, in one process. The best of each kernel is then timed together
 against the autotuned path, in both grid orders.
 
-    python -m worker.benchmarks.flash_tune --shape 16,16384,64 --causal --out docs/results/h200/flash_tune.jsonl
+    python -m benchmarks.flash_tune --shape 16,16384,64 --causal --out flash_tune.jsonl
 """
 from __future__ import annotations
 

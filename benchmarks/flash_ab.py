@@ -4,7 +4,7 @@ Both load in one process and are timed alternately on the same inputs (rounds of
 clock drift and machine noise fall on both; outputs are compared too.
 
     git show aab62a8:kernels/flash_triton.py > /tmp/flash_base.py
-    python -m worker.benchmarks.flash_ab --baseline /tmp/flash_base.py --out docs/results/h200/flash_ab.json
+    python -m benchmarks.flash_ab --baseline /tmp/flash_base.py --out flash_ab.json
 """
 from __future__ import annotations
 
