@@ -19,9 +19,9 @@ def _cell(impl: str, shape: tuple[int, ...], causal: bool, dtype_name: str, pass
 
     from kernels.flops import attention_flops
     from kernels.impls import get_attention
+    from kernels.names import torch_dtype
     from worker.harness import is_oom
     from worker.suites.attention import time_attention
-    from worker.suites.common import torch_dtype
 
     fn = get_attention(impl)
     dtype = torch_dtype(dtype_name)

@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernels import flash_triton as ft
     from kernels.flops import attention_flops
+    from kernels.names import torch_dtype
     from worker.harness import _L2Flusher, fingerprint, measure
-    from worker.suites.common import torch_dtype
 
     shape = tuple(int(x) for x in args.shape.split(","))
     dtype = torch_dtype(args.dtype)

@@ -20,6 +20,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from kernels.names import torch_dtype
+
 KERNELS = ("fwd", "dkdv", "dq")
 
 
@@ -39,7 +41,7 @@ def space(kernel: str) -> list[tuple[int, int, int, int]]:
 def _inputs(shape, dtype_name: str, seed: int = 0):
     import torch
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    dtype = torch_dtype(dtype_name)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
     return q, k, v, do

@@ -12,16 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import naive_attention
+from kernels.names import ATTENTION_IMPLS, SDPA_BACKENDS
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
-SDPA_BACKENDS = {
-    "sdpa_flash": "FLASH_ATTENTION",
-    "sdpa_cudnn": "CUDNN_ATTENTION",
-    "sdpa_efficient": "EFFICIENT_ATTENTION",
-    "sdpa_math": "MATH",
-}
-IMPL_NAMES = ("naive", "sdpa", "flash_pytorch", "flash_triton", *SDPA_BACKENDS)
+# torch's name of the backend each forced-SDPA implementation selects
+_SDPA_BACKEND = dict(zip(SDPA_BACKENDS, ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"),
+                         strict=True))
+IMPL_NAMES = ATTENTION_IMPLS
 
 
 def _sdpa(q, k, v, is_causal):
@@ -74,6 +72,6 @@ def get_attention(name: str) -> AttentionFn:
         return _flash_pytorch
     if name == "flash_triton":
         return _flash_triton
-    if name in SDPA_BACKENDS:
-        return _forced_sdpa(SDPA_BACKENDS[name])
+    if name in _SDPA_BACKEND:
+        return _forced_sdpa(_SDPA_BACKEND[name])
     raise ValueError(f"unknown attention implementation {name!r}; choose from {', '.join(IMPL_NAMES)}")

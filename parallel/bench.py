@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-WRAPPER_NAMES = ("none", "naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "fsdp")
+from kernels.names import autocast_dtype, torch_dtype
+from parallel.names import WRAPPER_NAMES
 
 
 def _sync(device: str) -> None:
@@ -71,7 +72,7 @@ def wrap(model: nn.Module, cfg: dict[str, Any], device: str):
     elif name == "zero1":
         wrapped = BucketedDDP(model, bucket_size_mb=cfg["bucket_size_mb"])
     elif name == "fsdp":
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.get("precision", "fp32"))
+        dtype = autocast_dtype(cfg.get("precision", "fp32"))
         wrapped = FSDP(model, compute_dtype=dtype)
     else:
         raise ValueError(f"unknown wrapper {name!r}; choose from {', '.join(WRAPPER_NAMES)}")
@@ -86,15 +87,15 @@ def wrap(model: nn.Module, cfg: dict[str, Any], device: str):
 def _time_steps(wrapped, opt, finish, cfg, device, tokens, targets, probe=None):
     from kernels.model import cross_entropy
 
-    autocast_dtype = {"bf16": torch.bfloat16}.get(cfg.get("precision", "fp32"))
+    autocast = autocast_dtype(cfg.get("precision", "fp32"))
     times, comm, wait = [], [], []
     mem: dict[str, Any] = {}
     for i in range(cfg["warmup"] + cfg["steps"]):
         _sync(device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        if autocast_dtype is not None and cfg["wrapper"] != "fsdp":
-            with torch.autocast(device_type=device.split(":")[0], dtype=autocast_dtype):
+        if autocast is not None and cfg["wrapper"] != "fsdp":
+            with torch.autocast(device_type=device.split(":")[0], dtype=autocast):
                 logits = wrapped(tokens)
         else:
             logits = wrapped(tokens)
@@ -161,7 +162,7 @@ def train_step_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
 def allreduce_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Time all-reduce of cfg['size_mb'] MB in cfg['dtype'] on every rank: per-call samples and the byte count."""
     device = f"cuda:{rank}" if cfg["device"] == "cuda" else "cpu"
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg["dtype"]]
+    dtype = torch_dtype(cfg["dtype"])
     elem = torch.tensor([], dtype=dtype).element_size()
     n = max(1, int(cfg["size_mb"] * 2**20 / elem))
     x = torch.ones(n, dtype=dtype, device=device)

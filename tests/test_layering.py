@@ -37,3 +37,17 @@ def test_backend_never_imports_torch_or_triton_at_module_level():
         top = {n.names[0].name.split(".")[0] if isinstance(n, ast.Import) else (n.module or "").split(".")[0]
                for n in ast.parse(p.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))}
         assert not top & {"torch", "triton", "kernels", "parallel"}, p
+
+
+def test_the_api_and_the_suites_parameter_models_import_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, backend.main, backend.cli\n"
+            "from worker.suites import get_suite, suite_names\n"
+            "[get_suite(n).Params.model_json_schema() for n in suite_names()]\n"
+            "import kernels.names, parallel.names\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

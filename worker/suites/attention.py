@@ -9,11 +9,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from kernels.names import ATTENTION_IMPLS
 from worker.suites.common import Device, Dtype, NonNegative, Positive, SuiteParams
 
 DESCRIPTION = "Attention kernels (naive, SDPA, FlashAttention-2 in PyTorch and Triton): latency, TFLOP/s, memory"
 
-Impl = Literal["naive", "sdpa", "flash_pytorch", "flash_triton", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
+Impl = Literal[ATTENTION_IMPLS]
 Pass = Literal["fwd", "bwd", "fwd_bwd"]
 
 
@@ -81,8 +82,8 @@ def run(p: Params, ctx) -> dict:
 
     from kernels.flops import attention_flops
     from kernels.impls import get_attention
+    from kernels.names import torch_dtype
     from worker.harness import SkipCell, resolve_device
-    from worker.suites.common import torch_dtype
 
     device = resolve_device(p.device)
     dtype = torch_dtype(p.dtype)

@@ -5,9 +5,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernels.names import DTYPES
+
 Positive = Annotated[int, Field(gt=0)]
 NonNegative = Annotated[int, Field(ge=0)]
-Dtype = Literal["fp32", "fp16", "bf16"]
+Dtype = Literal[tuple(DTYPES)]
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto: cuda when present, else cpu")]
 
 
@@ -16,11 +18,3 @@ class SuiteParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return getattr(torch, TORCH_DTYPES[name])

@@ -11,13 +11,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from parallel.names import WRAPPER_NAMES
 from worker.suites.common import Device, NonNegative, Positive, SuiteParams
 
 DESCRIPTION = "Data-parallel training step: naive/flat/overlapped/bucketed DDP, torch DDP, ZeRO-1, FSDP on N ranks"
 
 
 class Params(SuiteParams):
-    wrapper: Literal["none", "naive", "flat", "overlap", "bucketed", "torch_ddp", "zero1", "fsdp"] = "bucketed"
+    wrapper: Literal[WRAPPER_NAMES] = "bucketed"
     bucket_size_mb: float = Field(25.0, gt=0, le=10_000, description="bucketed, torch_ddp and zero1")
     world_size: Positive = 2
     d_model: Positive = 512

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from kernels.names import MODEL_ATTENTION_IMPLS
+from kernels.names import autocast_dtype as autocast_dtype_of
 from worker.suites.common import Device, NonNegative, Positive, SuiteParams
 
 DESCRIPTION = "CS336 Transformer LM: forward / backward / training step across sizes, precision, compile, checkpointing"
@@ -34,7 +36,7 @@ class Params(SuiteParams):
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32",
                                                        description="bf16/fp16: autocast; fp16 adds loss scaling")
     compile: bool = False
-    attention: Literal["naive", "sdpa", "flash_triton", "flash_pytorch"] = "naive"
+    attention: Literal[MODEL_ATTENTION_IMPLS] = "naive"
     checkpointing: str = Field("none", pattern=r"^(none|block|nested|every_[1-9][0-9]*)$")
     optimizer: Literal["course", "torch", "torch_fused", "sgd"] = "course"
     scope: Scope = "step"
@@ -176,7 +178,7 @@ def run(p: Params, ctx) -> dict:
     tokens = torch.randint(0, p.vocab_size, (p.batch, p.context_length), device=device)
     targets = torch.randint(0, p.vocab_size, (p.batch, p.context_length), device=device)
 
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(p.precision)
+    autocast_dtype = autocast_dtype_of(p.precision)
     autocast = (lambda: torch.autocast(device_type=device.split(":")[0], dtype=autocast_dtype)) \
         if autocast_dtype else contextlib.nullcontext
     scaler = torch.amp.GradScaler(device.split(":")[0]) if p.precision == "fp16" else None

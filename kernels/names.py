@@ -1,0 +1,26 @@
+"""The names of attention implementations and dtypes, defined once and torch-free: the API validates
+sweeps with them, the suites and kernels dispatch on them."""
+from __future__ import annotations
+
+# PyTorch's SDPA with one backend forced: FlashAttention-2, cuDNN, memory-efficient, plain math
+SDPA_BACKENDS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
+# every attention implementation benchlab can time; `sdpa` lets PyTorch choose its backend
+ATTENTION_IMPLS = ("naive", "sdpa", "flash_pytorch", "flash_triton", *SDPA_BACKENDS)
+# what the Transformer LM can run its attention with
+MODEL_ATTENTION_IMPLS = ("naive", "sdpa", "flash_triton", "flash_pytorch")
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
+
+
+def torch_dtype(name: str):
+    """torch's dtype for one of DTYPES (`bf16` -> torch.bfloat16). Imports torch."""
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    return getattr(torch, DTYPES[name])
+
+
+def autocast_dtype(precision: str):
+    """The autocast dtype of a precision policy: None for fp32 (no autocast)."""
+    return None if precision == "fp32" else torch_dtype(precision)
