@@ -8,11 +8,28 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class WorkerSettings(BaseSettings):
+class SharedSettings(BaseSettings):
+    """What every process of one deployment agrees on: where its data lives and its API token."""
+
     model_config = SettingsConfigDict(env_prefix="BENCHLAB_", env_file=".env", extra="ignore")
 
     data_dir: Path = Field(Path("./benchlab-data"),
-                           description="artifacts, the embedded broker's folders, the SQLite file")
+                           description="the SQLite file, artifacts, the embedded broker's folders")
+    api_token: str | None = Field(None, description="the API's bearer token: the API checks it (every write; "
+                                                    "every read too with protect_reads), workers send it")
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def artifact_root(self) -> Path:
+        return self.resolved_data_dir / "artifacts"
+
+
+class WorkerSettings(SharedSettings):
+    """The worker's own settings (and the job limits the API enforces with them)."""
+
     broker_url: str | None = Field(None, description="redis://host:6379/0 for real deployments; "
                                                      "default: filesystem broker under data_dir")
     broker_poll_interval_s: float = Field(0.02, gt=0, description="filesystem broker polling interval")
@@ -28,7 +45,6 @@ class WorkerSettings(BaseSettings):
                                             "then fails the job it was started for; not counted in the job's timeout")
     api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with "
                                                   "the API")
-    api_token: str | None = Field(None, description="bearer token for writes to the API")
     commit: str | None = Field(None, description="git commit to record; wins over git (a copied tree may carry a "
                                                  "stale .git)")
 
@@ -36,14 +52,6 @@ class WorkerSettings(BaseSettings):
     def visibility_timeout_s(self) -> int:
         """Redis hands an unacknowledged job out again after this: longer than any job may run."""
         return int(self.max_job_timeout_s + self.runner_startup_timeout_s + self.timeout_grace_s + 600)
-
-    @property
-    def resolved_data_dir(self) -> Path:
-        return self.data_dir.expanduser().resolve()
-
-    @property
-    def artifact_root(self) -> Path:
-        return self.resolved_data_dir / "artifacts"
 
     @property
     def broker_dir(self) -> Path:
