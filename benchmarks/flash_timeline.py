@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from worker.profiling import chrome_trace
+
 
 def _short(name: str) -> str:
     """A kernel's name without template arguments, at most 60 characters."""
@@ -52,17 +54,6 @@ def timeline(trace: dict, iters: int) -> dict:
     return {"iterations": rows[-iters:],
             "runtime_calls": {k: {"count": len(v), "total_us": round(sum(v), 1), "max_us": round(max(v), 1)}
                               for k, v in sorted(calls.items(), key=lambda kv: -sum(kv[1]))}}
-
-
-def chrome_trace(prof, keep: Path | None = None) -> dict:
-    """The profiler's Chrome trace as a dict; also written to `keep` if given."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = keep or Path(tmp) / "trace.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(path))
-        return json.loads(path.read_text())
 
 
 def sustained(fwd_bwd, clear, flush, iters: int) -> dict:

@@ -249,22 +249,15 @@ def _kernel_times(fn, iters: int) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from worker.profiling import op_times_ms
+
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for ev in prof.key_averages():
-        dev_us = getattr(ev, "device_time_total", None)
-        if dev_us is None:
-            dev_us = getattr(ev, "cuda_time_total", 0.0)
-        if dev_us and ev.key and not ev.key.startswith("ProfilerStep"):
-            totals[ev.key[:80]] = dev_us / 1000.0 / iters
-    # keep kernels only: drop the aten/autograd ops whose device time double-counts their kernels
-    return {k: v for k, v in sorted(totals.items(), key=lambda kv: -kv[1])
-            if not k.startswith(("aten::", "autograd::"))}
+    return {name[:80]: t["ms_per_step"] for name, t in op_times_ms(prof, steps=iters, on_gpu=True).items()}
 
 
 if __name__ == "__main__":

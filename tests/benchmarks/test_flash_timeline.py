@@ -35,20 +35,3 @@ def test_keeps_only_the_last_iterations():
     out = timeline(trace, iters=2)
     assert len(out["iterations"]) == 2
     assert all(r["kernel_us"] == 50.0 for r in out["iterations"])
-
-
-def test_chrome_trace_reads_back_the_profile_and_keeps_it_when_asked(tmp_path):
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.flash_timeline import chrome_trace
-
-    def profiled():  # a profile can be exported once
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            torch.ones(64, 64) @ torch.ones(64, 64)
-        return prof
-
-    trace = chrome_trace(profiled())
-    assert any("mm" in e.get("name", "") for e in trace["traceEvents"])
-    kept = tmp_path / "sub" / "t.json"
-    assert chrome_trace(profiled(), keep=kept)["traceEvents"] and kept.is_file()

@@ -266,6 +266,8 @@ def _profile(step, setup, device: str, ctx) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from worker.profiling import op_times_ms
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with profile(activities=activities, record_shapes=False) as prof:
         for _ in range(3):
@@ -277,21 +279,11 @@ def _profile(step, setup, device: str, ctx) -> dict[str, float]:
     prof.export_chrome_trace(str(ctx.artifact("trace.json")))
     by_category: dict[str, float] = {}
     top = []
-    on_gpu = device.startswith("cuda")
-    for evt in prof.key_averages():
-        # GPU: the kernels themselves (device-side events). CPU: each op's self time, so nothing is counted twice.
-        if on_gpu:
-            if str(getattr(evt, "device_type", "")).split(".")[-1] != "CUDA":
-                continue
-            us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-        else:
-            us = evt.self_cpu_time_total
-        if not us:
-            continue
-        cat = kernel_category(evt.key)
-        by_category[cat] = by_category.get(cat, 0.0) + us / 1000 / 3
-        top.append({"name": evt.key[:200], "ms_per_step": us / 1000 / 3, "calls": evt.count // 3, "category": cat})
-    top.sort(key=lambda r: -r["ms_per_step"])
+    for name, t in op_times_ms(prof, steps=3, on_gpu=device.startswith("cuda")).items():
+        cat = kernel_category(name)
+        by_category[cat] = by_category.get(cat, 0.0) + t["ms_per_step"]
+        top.append({"name": name[:200], "ms_per_step": t["ms_per_step"], "calls": t["calls_per_step"],
+                    "category": cat})
     ctx.artifact("kernels.json").write_text(json.dumps({"by_category_ms": by_category, "top": top[:50]}, indent=1))
     if device.startswith("cuda"):
         torch.cuda.memory._record_memory_history(max_entries=200_000)
