@@ -169,6 +169,17 @@ class SkipCell(Exception):
     """Raised by a suite when a cell's configuration is unsupported; the job is recorded as `skipped`."""
 
 
+def require_runnable_attention(impl: str, device: str) -> None:
+    """SkipCell when `impl` cannot run on `device` here (the suites that take an attention choice ask)."""
+    if impl == "flash_triton" and device == "cpu":
+        from kernels.flash_triton import triton_interpreted
+
+        if not triton_interpreted():
+            raise SkipCell("flash_triton on CPU needs TRITON_INTERPRET=1 set before the worker starts")
+    if impl.startswith("sdpa_") and impl != "sdpa_math" and device == "cpu":
+        raise SkipCell(f"{impl} is a CUDA backend of SDPA; it does not run on CPU")
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)

@@ -83,17 +83,11 @@ def run(p: Params, ctx) -> dict:
     from kernels.flops import attention_flops
     from kernels.impls import get_attention
     from kernels.names import torch_dtype
-    from worker.harness import SkipCell, resolve_device
+    from worker.harness import SkipCell, require_runnable_attention, resolve_device
 
     device = resolve_device(p.device)
     dtype = torch_dtype(p.dtype)
-    if p.impl == "flash_triton" and device == "cpu":
-        from kernels.flash_triton import triton_interpreted
-
-        if not triton_interpreted():
-            raise SkipCell("flash_triton on CPU needs TRITON_INTERPRET=1 set before the worker starts")
-    if p.impl.startswith("sdpa_") and device == "cpu" and p.impl != "sdpa_math":
-        raise SkipCell(f"{p.impl} is a CUDA backend of SDPA; it does not run on CPU")
+    require_runnable_attention(p.impl, device)
     fn = get_attention(p.impl)
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (p.batch, p.heads, p.seq_len, p.d_head)

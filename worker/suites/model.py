@@ -155,15 +155,18 @@ def run(p: Params, ctx) -> dict:
     from kernels.flops import transformer_flops
     from kernels.model import TransformerLM, count_parameters, cross_entropy
     from kernels.optim import make_optimizer
-    from worker.harness import SkipCell, measure, peak_memory_bytes, reset_peak_memory, resolve_device
+    from worker.harness import (
+        SkipCell,
+        measure,
+        peak_memory_bytes,
+        require_runnable_attention,
+        reset_peak_memory,
+        resolve_device,
+    )
 
     device = resolve_device(p.device)
     d_model, d_ff, num_layers, num_heads = p.dims()
-    if p.attention == "flash_triton" and device == "cpu":
-        from kernels.flash_triton import triton_interpreted
-
-        if not triton_interpreted():
-            raise SkipCell("flash_triton on CPU needs TRITON_INTERPRET=1 set before the worker starts")
+    require_runnable_attention(p.attention, device)
     if p.compile and device == "cpu":
         raise SkipCell("torch.compile cells are GPU-only here (CPU inductor needs a C++ toolchain per cell)")
 
