@@ -14,6 +14,8 @@ def op_times_ms(prof, steps: int, on_gpu: bool) -> dict[str, dict]:
     """{name: {"ms_per_step", "calls_per_step"}} of every kernel (GPU) or op (CPU) with time."""
     out: dict[str, dict] = {}
     for evt in prof.key_averages():
+        if getattr(evt, "is_user_annotation", False):
+            continue  # a named range (record_function, Optimizer.step#...): its kernels are counted already
         if on_gpu:
             if str(getattr(evt, "device_type", "")).split(".")[-1] != "CUDA":
                 continue  # host-side ops: their kernels are counted as device events
