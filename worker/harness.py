@@ -23,7 +23,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class Timing:
-    """Summary of repeated timings, milliseconds."""
+    """Summary of repeated timings, milliseconds, with the raw samples in the order they were taken
+    (kept in every result, so intervals and comparisons can be computed afterwards)."""
 
     median_ms: float
     p20_ms: float
@@ -32,6 +33,7 @@ class Timing:
     std_ms: float
     min_ms: float
     samples: int
+    samples_ms: list[float]
 
     @classmethod
     def from_samples(cls, samples_ms: list[float]) -> "Timing":
@@ -46,6 +48,7 @@ class Timing:
             std_ms=statistics.pstdev(xs) if len(xs) > 1 else 0.0,
             min_ms=xs[0],
             samples=len(xs),
+            samples_ms=[float(x) for x in samples_ms],
         )
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:

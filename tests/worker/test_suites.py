@@ -63,3 +63,23 @@ def test_attention_suite_skips_cuda_backends_on_cpu(tmp_path):
 
     with pytest.raises(SkipCell, match="CUDA backend"):
         run("attention", tmp_path, impl="sdpa_flash", device="cpu", seq_len=8)
+
+
+def test_noop_work_reports_its_samples_like_the_timed_suites():
+    import statistics
+
+    from worker.suites import get_suite, validate_cell
+
+    noop = get_suite("noop")
+    m = noop.run(validate_cell("noop", {"work_ms": 2, "noise": 0.1, "seed": 3, "repeats": 7, "warmup": 2}), None)
+    assert m["samples"] == 7 and len(m["samples_ms"]) == 7
+    assert m["median_ms"] == statistics.median(m["samples_ms"]) and m["min_ms"] == min(m["samples_ms"])
+    assert noop.run(validate_cell("noop", {"x": 2}), None) == {"x": 2, "value": 4.0}  # no work: no timing
+
+
+def test_timing_keeps_the_raw_samples_in_order():
+    from worker.harness import Timing
+
+    t = Timing.from_samples([3.0, 1.0, 2.0])
+    assert t.samples_ms == [3.0, 1.0, 2.0] and t.median_ms == 2.0 and t.samples == 3
+    assert t.as_dict()["samples_ms"] == [3.0, 1.0, 2.0]

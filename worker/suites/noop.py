@@ -4,6 +4,11 @@
 `raise` (the cell raises: `failed`), `crash` (the runner process dies: `failed`), `hang`
 (sleeps past any timeout: `timeout`), `oom` (raises an out-of-memory error: `oom`),
 `skip` (unsupported configuration: `skipped`).
+
+With `work_ms` > 0 it is also a timed suite that needs no GPU: each of `repeats` timed iterations
+(after `warmup` untimed ones) sleeps `work_ms`, spread by a relative `noise` drawn from a normal
+distribution seeded by `seed`, and the cell reports the measured samples and their summary like the
+real suites do. So a slowdown of known size can be produced on any machine (comparisons, CI gating).
 """
 from __future__ import annotations
 
@@ -22,6 +27,29 @@ class Params(SuiteParams):
     x: int = Field(0, description="any integer; a grid axis to make many cells")
     sleep_ms: float = Field(0.0, ge=0, le=3_600_000)
     mode: Literal["ok", "raise", "crash", "hang", "oom", "skip"] = "ok"
+    work_ms: float = Field(0.0, ge=0, le=60_000, description="duration of each timed iteration (0: no timing)")
+    noise: float = Field(0.0, ge=0, le=1, description="relative spread of that duration (normal, seeded)")
+    seed: int = Field(0, description="seeds the noise")
+    repeats: int = Field(10, gt=0, le=10_000, description="timed iterations, with work_ms")
+    warmup: int = Field(0, ge=0, le=1_000, description="untimed iterations first, with work_ms")
+
+
+def timed_work(p: Params) -> dict:
+    """The `work_ms` iterations: the planned durations come from the seeded noise, the samples are
+    what the clock measured around each sleep."""
+    import random
+
+    from worker.harness import Timing
+
+    rng = random.Random(p.seed)
+    planned = [max(0.0, p.work_ms * (1 + p.noise * rng.gauss(0, 1))) for _ in range(p.warmup + p.repeats)]
+    samples = []
+    for i, ms in enumerate(planned):
+        t0 = time.perf_counter_ns()
+        time.sleep(ms / 1000)
+        if i >= p.warmup:
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+    return Timing.from_samples(samples).as_dict()
 
 
 def run(p: Params, ctx) -> dict:
@@ -39,4 +67,5 @@ def run(p: Params, ctx) -> dict:
         from worker.harness import SkipCell
 
         raise SkipCell("noop asked to skip")
-    return {"x": p.x, "value": float(p.x) * 2}
+    timing = timed_work(p) if p.work_ms else {}
+    return {"x": p.x, "value": float(p.x) * 2, **timing}
