@@ -377,6 +377,48 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
         out.print(json.dumps({"id": sweep.id, "jobs": sum(1 for ln in lines if ln.get("kind") == "cell")}))
 
 
+@app.command("compare")
+def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
+                b: int = typer.Argument(..., help="sweep B"),
+                server: str = typer.Option("http://127.0.0.1:8000", envvar="BENCHLAB_SERVER"),
+                token: Optional[str] = typer.Option(None, envvar="BENCHLAB_API_TOKEN"),
+                threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %"),
+                ignore: str = typer.Option("", help="comma-separated params not matched on, e.g. impl"),
+                allow_env_mismatch: bool = typer.Option(False, help="judge cells whose environments differ"),
+                json_out: Optional[Path] = typer.Option(None, "--json", help="write the comparison as JSON"),
+                markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write the table as markdown")
+                ) -> None:
+    """Compare two sweeps cell by cell; print a markdown table. Exit 0: no cell slower; 1: a cell slower;
+    2: could not compare (server unreachable, bad token, no such sweep, no matching cells)."""
+    import httpx
+
+    from backend.compare import markdown
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(f"{server.rstrip('/')}/api/compare", headers=headers, timeout=120,
+                      params={"a": a, "b": b, "threshold": threshold, "ignore": ignore,
+                              "allow_env_mismatch": allow_env_mismatch})
+    except httpx.HTTPError as exc:
+        console.print(f"[red]cannot reach the server {server}:[/] {exc}")
+        raise typer.Exit(2) from None
+    if r.status_code != 200:
+        console.print(f"[red]comparison refused ({r.status_code}):[/] {r.text[:500]}")
+        raise typer.Exit(2)
+    result = r.json()
+    table = markdown(result)
+    out.print(table, markup=False, highlight=False)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+    if markdown_out:
+        markdown_out.write_text(table + "\n")
+    if not result["cells"]:
+        console.print("[red]no cell of A matches a cell of B[/] (name the params that differ with --ignore)")
+        raise typer.Exit(2)
+    if result["summary"]["slower"]:
+        raise typer.Exit(1)
+
+
 # -- the database ---------------------------------------------------------------------------------
 db_app = typer.Typer(help="The database: its schema (upgrade, current) and its content (export, import).",
                      no_args_is_help=True)

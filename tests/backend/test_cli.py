@@ -122,3 +122,26 @@ def test_up_serves_and_stops_both_halves_on_ctrl_c(tmp_path):
     while Path(f"/proc/{worker_pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not Path(f"/proc/{worker_pid}").exists(), "the embedded worker outlived benchlab up"
+
+
+def test_compare_judges_a_known_slowdown_and_exits_by_verdict(stack, tmp_path):
+    def sweep(work_ms, seed):
+        body = {"suite": "noop", "params": {"work_ms": work_ms, "noise": 0.02, "seed": seed, "repeats": 15,
+                                            "x": [1, 2]}}
+        sid = stack.submit(body)["id"]
+        stack.wait(sid)
+        return sid
+
+    base, same, slow = sweep(20, 1), sweep(20, 2), sweep(26, 3)
+    p = benchlab("compare", str(base), str(same), "--server", stack.url)
+    assert p.returncode == 2 and "--ignore" in p.stderr  # the seeds differ: no cell matches as given
+    p = benchlab("compare", str(base), str(same), "--server", stack.url, "--ignore", "seed",
+                 "--json", str(tmp_path / "c.json"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads((tmp_path / "c.json").read_text())["summary"]["slower"] == 0
+    p = benchlab("compare", str(base), str(slow), "--server", stack.url, "--ignore", "seed,work_ms",
+                 "--markdown", str(tmp_path / "c.md"))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert (tmp_path / "c.md").read_text().count("| slower |") == 2  # both cells, a 30 % slowdown
+    p = benchlab("compare", str(base), "999999", "--server", stack.url)
+    assert p.returncode == 2 and "404" in p.stderr

@@ -1,0 +1,149 @@
+"""Comparing two sweeps cell by cell with statistics that hold on noisy machines. Torch-free.
+
+For each pair of matching cells (same params, apart from the ones the caller ignores), from their
+raw per-iteration samples (`samples_ms`, pooled over a cell's repeats):
+
+- ratio = median(B) / median(A), with a 95 % percentile-bootstrap interval: `resamples` draws of
+  each side with replacement (seeded), the ratio of the two medians each time;
+- a two-sided Mann-Whitney U p-value (normal approximation with tie correction);
+- a verdict against a relative threshold t (default 5 %):
+  `slower` when the whole interval lies above 1 + t, `faster` when it lies below 1 - t,
+  `same` when it lies inside [1 - t, 1 + t], `inconclusive` otherwise (or without samples, or
+  when the two cells ran on different environments and the caller did not allow it).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton")
+VERDICTS = ("slower", "faster", "same", "inconclusive")
+
+
+def ratio_interval(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> tuple[float, float, float]:
+    """(median(b) / median(a), low, high) with a percentile bootstrap interval at `level`."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(xa) == 0 or len(xb) == 0:
+        raise ValueError("both sides need at least one sample")
+    rng = np.random.default_rng(seed)
+    ma = np.median(xa[rng.integers(0, len(xa), (resamples, len(xa)))], axis=1)
+    mb = np.median(xb[rng.integers(0, len(xb), (resamples, len(xb)))], axis=1)
+    ratios = mb / ma
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(np.median(xb) / np.median(xa)), float(lo), float(hi)
+
+
+def mann_whitney_p(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie-corrected)."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n1, n2 = len(xa), len(xb)
+    both = np.concatenate([xa, xb])
+    order = both.argsort(kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_vals = both[order]
+    i = 0
+    while i < len(both):  # average ranks over ties
+        j = i
+        while j + 1 < len(both) and sorted_vals[j + 1] == sorted_vals[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    mu = n1 * n2 / 2
+    _, counts = np.unique(both, return_counts=True)
+    n = n1 + n2
+    sigma2 = n1 * n2 / 12 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
+    if sigma2 <= 0:
+        return 1.0
+    z = (abs(u1 - mu) - 0.5) / math.sqrt(sigma2)
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+
+
+def verdict(lo: float, hi: float, threshold: float) -> str:
+    if lo > 1 + threshold:
+        return "slower"
+    if hi < 1 - threshold:
+        return "faster"
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return "same"
+    return "inconclusive"
+
+
+def _key(params: dict[str, Any], ignore: set[str]) -> str:
+    return json.dumps({k: v for k, v in params.items() if k not in ignore}, sort_keys=True)
+
+
+def _cells(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, dict[str, Any]]:
+    """Rows grouped by cell (params less the ignored ones): pooled samples, states, environments."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        c = out.setdefault(_key(r["params"], ignore), {"params": r["params"], "samples": [], "states": [],
+                                                       "env_ids": set()})
+        c["states"].append(r["state"])
+        c["samples"] += [float(x) for x in (r["metrics"] or {}).get("samples_ms") or []]
+        if r.get("env_id"):
+            c["env_ids"].add(r["env_id"])
+    return out
+
+
+def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], envs: dict[int, dict[str, Any]],
+            threshold: float = 0.05, ignore: list[str] | None = None, allow_env_mismatch: bool = False,
+            resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """The comparison of two sweeps' result rows (service.result_rows), as GET /api/compare answers it."""
+    ignore_set = set(ignore or [])
+    ca, cb = _cells(rows_a, ignore_set), _cells(rows_b, ignore_set)
+    cells, mismatched = [], []
+    for key in [k for k in ca if k in cb]:
+        a, b = ca[key], cb[key]
+        fa = {json.dumps({k: envs.get(i, {}).get(k) for k in ENV_KEYS}, sort_keys=True) for i in a["env_ids"]}
+        fb = {json.dumps({k: envs.get(i, {}).get(k) for k in ENV_KEYS}, sort_keys=True) for i in b["env_ids"]}
+        env_differs = bool(fa and fb and fa != fb)
+        if env_differs:
+            mismatched.append({k: v for k, v in a["params"].items() if k not in ignore_set})
+        cell = {"params": {k: v for k, v in a["params"].items() if k not in ignore_set},
+                "a": {"median_ms": float(np.median(a["samples"])) if a["samples"] else None, "n": len(a["samples"]),
+                      "states": a["states"]},
+                "b": {"median_ms": float(np.median(b["samples"])) if b["samples"] else None, "n": len(b["samples"]),
+                      "states": b["states"]},
+                "ratio": None, "ci_low": None, "ci_high": None, "p_value": None, "verdict": "inconclusive",
+                "reason": None}
+        if not a["samples"] or not b["samples"]:
+            cell["reason"] = "no timing samples on " + ("both sides" if not a["samples"] and not b["samples"]
+                                                        else "side A" if not a["samples"] else "side B")
+        else:
+            ratio, lo, hi = ratio_interval(a["samples"], b["samples"], resamples, seed)
+            cell.update(ratio=ratio, ci_low=lo, ci_high=hi, p_value=mann_whitney_p(a["samples"], b["samples"]),
+                        verdict=verdict(lo, hi, threshold))
+            if env_differs and not allow_env_mismatch:
+                cell["verdict"], cell["reason"] = "inconclusive", "the two sides ran on different environments"
+        cells.append(cell)
+    missing = ([{"side": "a", "params": ca[k]["params"]} for k in ca if k not in cb]
+               + [{"side": "b", "params": cb[k]["params"]} for k in cb if k not in ca])
+    summary = {v: sum(1 for c in cells if c["verdict"] == v) for v in VERDICTS}
+    return {"threshold": threshold, "ignore": sorted(ignore_set), "cells": cells, "missing": missing,
+            "fingerprint_mismatch": mismatched, "summary": summary}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The comparison as a markdown table, fit for a pull-request comment."""
+    varying = sorted({k for c in result["cells"] for k in c["params"]
+                      if len({json.dumps(x["params"].get(k)) for x in result["cells"]}) > 1})
+    head = [*varying, "A ms", "B ms", "B / A", "95 % interval", "p", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in result["cells"]:
+        def f(x, spec=".3f"):
+            return "" if x is None else format(x, spec)
+        lines.append("| " + " | ".join([*(str(c["params"].get(k)) for k in varying), f(c["a"]["median_ms"]),
+                                         f(c["b"]["median_ms"]), f(c["ratio"]),
+                                         f"{f(c['ci_low'])}-{f(c['ci_high'])}" if c["ci_low"] is not None else "",
+                                         f(c["p_value"], ".3g"), c["verdict"] + (f" ({c['reason']})"
+                                                                                  if c["reason"] else "")]) + " |")
+    s = result["summary"]
+    lines.append("")
+    lines.append(f"{s['slower']} slower, {s['faster']} faster, {s['same']} same, {s['inconclusive']} inconclusive "
+                 f"(threshold {result['threshold']:.0%}); {len(result['missing'])} cell(s) on one side only")
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""/api/compare: two sweeps judged cell by cell (backend/compare.py)."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlmodel import SQLModel
+
+from backend import service
+from backend.compare import compare
+from backend.deps import ReadAuth, SessionDep
+from backend.errors import NOT_FOUND
+from backend.models import Environment, Sweep
+
+router = APIRouter(prefix="/api", tags=["compare"], dependencies=[ReadAuth])
+SweepQ = Annotated[int, Query(ge=1, le=2**63 - 1)]
+
+
+class CompareCell(SQLModel):
+    params: dict[str, Any]
+    a: dict[str, Any]
+    b: dict[str, Any]
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    verdict: str
+    reason: str | None
+
+
+class ComparePublic(SQLModel):
+    threshold: float
+    ignore: list[str]
+    cells: list[CompareCell]
+    missing: list[dict[str, Any]]
+    fingerprint_mismatch: list[dict[str, Any]]
+    summary: dict[str, int]
+
+
+@router.get("/compare", response_model=ComparePublic, responses=NOT_FOUND)
+def compare_sweeps(a: SweepQ, b: SweepQ, db: SessionDep,
+                   threshold: float = Query(0.05, gt=0, lt=1, description="relative: 0.05 is 5 %"),
+                   ignore: str = Query("", max_length=1000, description="comma-separated params not matched on"),
+                   allow_env_mismatch: bool = Query(False, description="judge cells whose environments differ")):
+    """Matching cells of sweeps A and B: ratio of medians B/A with a 95 % bootstrap interval, a
+    Mann-Whitney p-value and a verdict (slower / faster / same / inconclusive)."""
+    for sid in (a, b):
+        if db.get(Sweep, sid) is None:
+            raise HTTPException(404, detail=f"sweep {sid} not found")
+    rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
+    env_ids = {r["env_id"] for r in rows_a + rows_b if r["env_id"]}
+    envs = {i: db.get(Environment, i).data for i in env_ids}
+    return compare(rows_a, rows_b, envs, threshold=threshold,
+                   ignore=[p.strip() for p in ignore.split(",") if p.strip()], allow_env_mismatch=allow_env_mismatch)

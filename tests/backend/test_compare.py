@@ -1,0 +1,81 @@
+"""The comparison statistics on synthetic samples: false alarms, detection, interval coverage."""
+from __future__ import annotations
+
+import numpy as np
+
+from backend.compare import compare, mann_whitney_p, markdown, ratio_interval, verdict
+
+
+def draws(rng, n, median, noise):
+    return list(median * (1 + noise * rng.standard_normal(n)))
+
+
+def test_a_against_a_with_8_percent_noise_is_rarely_called_slower():
+    rng = np.random.default_rng(1)
+    slower = 0
+    for seed in range(1000):
+        a, b = draws(rng, 20, 20.0, 0.08), draws(rng, 20, 20.0, 0.08)
+        _, lo, hi = ratio_interval(a, b, resamples=2000, seed=seed)
+        slower += verdict(lo, hi, 0.05) == "slower"
+    assert slower <= 10  # <= 1 % of 1,000
+
+
+def test_a_10_percent_slowdown_with_3_percent_noise_is_called_slower():
+    rng = np.random.default_rng(2)
+    caught = 0
+    for seed in range(300):
+        a, b = draws(rng, 20, 20.0, 0.03), draws(rng, 20, 22.0, 0.03)
+        _, lo, hi = ratio_interval(a, b, resamples=2000, seed=seed)
+        caught += verdict(lo, hi, 0.05) == "slower"
+    assert caught >= 0.95 * 300
+
+
+def test_intervals_cover_the_true_ratio_near_their_nominal_rate():
+    rng = np.random.default_rng(3)
+    covered = 0
+    for seed in range(400):
+        a, b = draws(rng, 30, 10.0, 0.05), draws(rng, 30, 11.0, 0.05)
+        _, lo, hi = ratio_interval(a, b, resamples=2000, seed=seed)
+        covered += lo <= 1.1 <= hi
+    assert 0.90 * 400 <= covered <= 0.99 * 400  # 95 % nominal; the percentile bootstrap of a median is coarse
+
+
+def test_mann_whitney_tells_shifted_from_equal_samples():
+    rng = np.random.default_rng(4)
+    assert mann_whitney_p(draws(rng, 20, 10, 0.02), draws(rng, 20, 11, 0.02)) < 1e-4
+    assert mann_whitney_p([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
+
+
+def test_verdict_thresholds():
+    assert verdict(1.06, 1.2, 0.05) == "slower" and verdict(0.8, 0.94, 0.05) == "faster"
+    assert verdict(0.97, 1.04, 0.05) == "same" and verdict(0.99, 1.08, 0.05) == "inconclusive"
+
+
+def row(params, samples, state="done", env_id=1):
+    return {"params": params, "metrics": {"samples_ms": samples} if samples else {}, "state": state,
+            "env_id": env_id}
+
+
+def test_compare_matches_cells_ignores_params_and_reports_missing_and_mismatched_environments():
+    rng = np.random.default_rng(5)
+    a = [row({"impl": "naive", "seq": s}, draws(rng, 20, 10, 0.02)) for s in (1, 2, 3)]
+    b = [row({"impl": "flash", "seq": 1}, draws(rng, 20, 13, 0.02)),
+         row({"impl": "flash", "seq": 2}, draws(rng, 20, 10, 0.02), env_id=2),
+         row({"impl": "flash", "seq": 4}, draws(rng, 20, 10, 0.02))]
+    envs = {1: {"gpu_name": "H200", "torch": "2.11"}, 2: {"gpu_name": "H100", "torch": "2.11"}}
+    out = compare(a, b, envs, ignore=["impl"])
+    by_seq = {c["params"]["seq"]: c for c in out["cells"]}
+    assert by_seq[1]["verdict"] == "slower" and 1.25 < by_seq[1]["ratio"] < 1.35
+    assert by_seq[2]["verdict"] == "inconclusive" and "different environments" in by_seq[2]["reason"]
+    assert out["fingerprint_mismatch"] == [{"seq": 2}]
+    assert compare(a, b, envs, ignore=["impl"], allow_env_mismatch=True)["cells"][1]["verdict"] == "same"
+    assert sorted((m["side"], m["params"]["seq"]) for m in out["missing"]) == [("a", 3), ("b", 4)]
+    assert out["summary"] == {"slower": 1, "faster": 0, "same": 0, "inconclusive": 1}
+    assert compare(a, b, envs)["cells"] == []  # without ignoring impl, nothing matches
+    table = markdown(out)
+    assert "| seq |" in table and "slower" in table and "2 cell(s) on one side only" in table
+
+
+def test_cells_without_samples_are_inconclusive_with_the_reason():
+    out = compare([row({"x": 1}, [])], [row({"x": 1}, [1.0, 2.0])], {})
+    assert out["cells"][0]["verdict"] == "inconclusive" and out["cells"][0]["reason"] == "no timing samples on side A"
