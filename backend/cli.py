@@ -318,6 +318,29 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
         raise typer.Exit(2) from None
 
 
+def _wait_for(client, sweep_id: int, timeout_s: float, poll_s: float, exit_code: int = 3) -> dict:
+    """Wait until the sweep has no queued or running cell (held waits; polling if the server answers
+    at once), printing its counts as they change; the summary. Exit `exit_code` past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        # the server holds the answer until the sweep finishes (or wait_s passes)
+        hold = max(0.0, min(30.0, deadline - time.monotonic()))
+        asked = time.monotonic()
+        s = client.get(f"/api/sweeps/{sweep_id}", params={"wait_s": hold}).json()
+        counts = {k: v for k, v in s["counts"].items() if v}
+        if counts != last:
+            console.print(f"sweep {sweep_id}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+            last = counts
+        if s["status"] not in UNFINISHED_STATUSES:
+            return s
+        if time.monotonic() > deadline:
+            console.print("[red]timed out waiting[/]")
+            raise typer.Exit(exit_code)
+        if time.monotonic() - asked < hold / 2:  # a server that answers at once: poll
+            time.sleep(poll_s)
+
+
 def _submit(body: dict, server: str, headers: dict, wait: bool, poll_s: float, timeout_s: float) -> None:
     import httpx
 
@@ -331,24 +354,84 @@ def _submit(body: dict, server: str, headers: dict, wait: bool, poll_s: float, t
         out.print(json.dumps(sweep))
         if not wait:
             return
-        deadline = time.monotonic() + timeout_s
-        while True:
-            # the server holds the answer until the sweep finishes (or wait_s passes)
-            hold = max(0.0, min(30.0, deadline - time.monotonic()))
-            asked = time.monotonic()
-            s = client.get(f"/api/sweeps/{sweep['id']}", params={"wait_s": hold}).json()
-            if s["status"] not in UNFINISHED_STATUSES:
-                break
-            if time.monotonic() > deadline:
-                console.print("[red]timed out waiting[/]")
-                raise typer.Exit(3)
-            if time.monotonic() - asked < hold / 2:  # a server that answers at once: poll
-                time.sleep(poll_s)
+        s = _wait_for(client, sweep["id"], timeout_s, poll_s)
         rows = client.get(f"/api/sweeps/{sweep['id']}/results").json()
     out.print(_summary_table(body["suite"], rows))
     bad = sum(s["counts"][k] for k in FAILED_STATES)
     if bad:
         console.print(f"[red]{bad} cell(s) failed, ran out of memory or timed out[/]")
+        raise typer.Exit(1)
+
+
+@app.command()
+def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or YAML sweep spec (as submit)"),
+       server: str = typer.Option("http://127.0.0.1:8000", envvar="BENCHLAB_SERVER"),
+       token: Optional[str] = typer.Option(None, envvar="BENCHLAB_API_TOKEN"),
+       baseline: str = typer.Option("auto", help="auto (the newest finished sweep of the same suite and grid on "
+                                                 "--baseline-branch) or a sweep id"),
+       baseline_branch: str = typer.Option("main"),
+       threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %"),
+       ignore: str = typer.Option("", help="comma-separated params not matched on"),
+       json_out: Optional[Path] = typer.Option(None, "--json"),
+       markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
+       timeout_s: float = typer.Option(6 * 3600.0), poll_s: float = typer.Option(1.0)) -> None:
+    """Run a sweep and judge it against its baseline. Exit 0: no cell slower; 1: a cell slower; 2: could
+    not judge (a cell failed, OOMed or timed out, no baseline, server unreachable, bad token)."""
+    import httpx
+
+    from backend.ci import ci_tags, find_baseline
+    from backend.compare import markdown
+
+    body = _load_spec(spec)
+    body["tags"] = {**ci_tags(os.environ), **(body.get("tags") or {})}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    ignored = [p.strip() for p in ignore.split(",") if p.strip()]
+    try:
+        with httpx.Client(base_url=server, headers=headers, timeout=120) as client:
+            if baseline == "auto":
+                listed = client.get("/api/sweeps", params={"limit": 1000})
+                if listed.status_code != 200:
+                    console.print(f"[red]cannot list sweeps ({listed.status_code}):[/] {listed.text[:300]}")
+                    raise typer.Exit(2)
+                base = find_baseline(listed.json(), body["suite"], body.get("params") or {}, ignored,
+                                     baseline_branch)
+                base_id = base["id"] if base else None
+            else:
+                base_id = int(baseline)
+            r = client.post("/api/sweeps", json=body)
+            if r.status_code != 201:
+                console.print(f"[red]rejected ({r.status_code}):[/] {r.text[:500]}")
+                raise typer.Exit(2)
+            sid = r.json()["id"]
+            console.print(f"sweep {sid} ({r.json()['jobs']} jobs) {server}/sweeps/{sid}; tags {body['tags']}")
+            summary = _wait_for(client, sid, timeout_s, poll_s, exit_code=2)
+            bad = {k: summary["counts"][k] for k in FAILED_STATES if summary["counts"][k]}
+            if bad:
+                console.print(f"[red]cannot judge: {bad} cell(s) of sweep {sid}[/]")
+                raise typer.Exit(2)
+            if base_id is None:
+                console.print(f"[red]cannot judge: no finished {body['suite']} sweep of this grid on branch "
+                              f"{baseline_branch!r} to compare with[/] (this one, {sid}, can be the next baseline)")
+                raise typer.Exit(2)
+            c = client.get("/api/compare", params={"a": base_id, "b": sid, "threshold": threshold,
+                                                   "ignore": ",".join(ignored)})
+            if c.status_code != 200:
+                console.print(f"[red]comparison refused ({c.status_code}):[/] {c.text[:300]}")
+                raise typer.Exit(2)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]cannot reach the server {server}:[/] {exc}")
+        raise typer.Exit(2) from None
+    result = {**c.json(), "baseline": base_id, "sweep": sid}
+    table = f"benchlab: sweep {sid} against baseline {base_id}\n\n" + markdown(result)
+    out.print(table, markup=False, highlight=False)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+    if markdown_out:
+        markdown_out.write_text(table + "\n")
+    if not result["cells"]:
+        console.print("[red]cannot judge: no cell matches the baseline's[/]")
+        raise typer.Exit(2)
+    if result["summary"]["slower"]:
         raise typer.Exit(1)
 
 

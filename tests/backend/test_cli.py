@@ -145,3 +145,44 @@ def test_compare_judges_a_known_slowdown_and_exits_by_verdict(stack, tmp_path):
     assert (tmp_path / "c.md").read_text().count("| slower |") == 2  # both cells, a 30 % slowdown
     p = benchlab("compare", str(base), "999999", "--server", stack.url)
     assert p.returncode == 2 and "404" in p.stderr
+
+
+def test_ci_judges_a_sweep_against_its_baseline_with_exit_codes(stack, tmp_path):
+    def spec(name, work_ms, mode="ok"):
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(f"suite: noop\nparams:\n  work_ms: {work_ms}\n  noise: 0.02\n  repeats: 15\n  mode: {mode}\n"
+                     f"  x: [1, 2]\nqueue: {stack.queue}\n")
+        return str(p)
+
+    env = {"GITHUB_REF_NAME": "main", "GITHUB_SHA": "c0ffee"}
+    first = benchlab("ci", spec("a", 20), "--server", stack.url, env=env)
+    assert first.returncode == 2 and "can be the next baseline" in first.stderr, first.stdout + first.stderr
+    same = benchlab("ci", spec("a", 20), "--server", stack.url, "--json", str(tmp_path / "same.json"), env=env)
+    assert same.returncode == 0, same.stdout + same.stderr
+    judged = json.loads((tmp_path / "same.json").read_text())
+    assert judged["summary"]["slower"] == 0 and len(judged["cells"]) == 2
+    sweep = stack.client.get(f"/api/sweeps/{judged['sweep']}").json()
+    assert sweep["tags"]["branch"] == "main" and sweep["tags"]["commit"] == "c0ffee"
+    slow = benchlab("ci", spec("b", 26), "--server", stack.url, "--ignore", "work_ms",
+                    "--markdown", str(tmp_path / "slow.md"), env=env)
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert (tmp_path / "slow.md").read_text().count("| slower |") == 2
+    failing = benchlab("ci", spec("c", 20, mode="raise"), "--server", stack.url, env=env)
+    assert failing.returncode == 2 and "cannot judge" in failing.stderr
+    away = benchlab("ci", spec("a", 20), "--server", stack.url.replace(str(stack.port), "1"), env=env)
+    assert away.returncode == 2 and "cannot reach" in away.stderr
+
+
+def test_ci_tags_and_baseline_choice():
+    from backend.ci import ci_tags, find_baseline
+
+    assert ci_tags({"GITHUB_SHA": "abc", "GITHUB_REF_NAME": "main", "CI_COMMIT_SHA": "zzz", "RUNNER_NAME": ""}) == \
+        {"commit": "abc", "branch": "main"}
+    sweeps = [{"id": 1, "suite": "noop", "status": "done", "params": {"x": 1}, "tags": {"branch": "main"}},
+              {"id": 2, "suite": "noop", "status": "done", "params": {"x": 1}, "tags": {"branch": "dev"}},
+              {"id": 3, "suite": "noop", "status": "running", "params": {"x": 1}, "tags": {"branch": "main"}},
+              {"id": 4, "suite": "noop", "status": "done", "params": {"x": 2}, "tags": {"branch": "main"}}]
+    assert find_baseline(sweeps, "noop", {"x": 1})["id"] == 1
+    assert find_baseline(sweeps, "noop", {"x": 3}, ignore=["x"])["id"] == 4  # the newest, x ignored
+    assert find_baseline(sweeps, "noop", {"x": 1}, branch="dev")["id"] == 2
+    assert find_baseline(sweeps, "attention", {"x": 1}) is None
