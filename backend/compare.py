@@ -82,9 +82,12 @@ def _cells(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         c = out.setdefault(_key(r["params"], ignore), {"params": r["params"], "samples": [], "states": [],
-                                                       "env_ids": set()})
+                                                       "env_ids": set(), "medians": []})
         c["states"].append(r["state"])
-        c["samples"] += [float(x) for x in (r["metrics"] or {}).get("samples_ms") or []]
+        metrics = r["metrics"] or {}
+        c["samples"] += [float(x) for x in metrics.get("samples_ms") or []]
+        if isinstance(metrics.get("median_ms"), (int, float)):
+            c["medians"].append(float(metrics["median_ms"]))
         if r.get("env_id"):
             c["env_ids"].add(r["env_id"])
     return out
@@ -111,7 +114,13 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], envs: di
                       "states": b["states"]},
                 "ratio": None, "ci_low": None, "ci_high": None, "p_value": None, "verdict": "inconclusive",
                 "reason": None}
-        if not a["samples"] or not b["samples"]:
+        if (not a["samples"] or not b["samples"]) and a["medians"] and b["medians"]:
+            # results recorded before raw samples were kept: the stored medians, with no interval
+            ma, mb = float(np.median(a["medians"])), float(np.median(b["medians"]))
+            cell["a"]["median_ms"], cell["b"]["median_ms"] = ma, mb
+            cell["ratio"] = mb / ma if ma else None
+            cell["reason"] = "no raw samples (older results): the ratio of the stored medians, not judged"
+        elif not a["samples"] or not b["samples"]:
             cell["reason"] = "no timing samples on " + ("both sides" if not a["samples"] and not b["samples"]
                                                         else "side A" if not a["samples"] else "side B")
         else:

@@ -18,10 +18,11 @@ from fastapi.templating import Jinja2Templates
 from backend import service
 from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Environment, Sweep
+from backend.routes.compare import compare_sweeps
 from backend.routes.suites import suite_info
 from backend.security import CSRF_COOKIE, SESSION_COOKIE, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
-from frontend.charts import compare_figure, compare_rows, sweep_figures
+from frontend.charts import compare_figure, sweep_figures
 from worker.suites import suite_names
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -109,16 +110,20 @@ def _env_diff(db, rows_a, rows_b) -> list[tuple[str, str, str]]:
 
 @router.get("/compare", response_class=HTMLResponse, dependencies=[PageAuth])
 def compare(request: Request, db: SessionDep, a: Annotated[int, Query(ge=1, le=2**63 - 1)],
-            b: Annotated[int, Query(ge=1, le=2**63 - 1)]):
+            b: Annotated[int, Query(ge=1, le=2**63 - 1)],
+            threshold: Annotated[float, Query(gt=0, lt=1)] = 0.05,
+            ignore: Annotated[str, Query(max_length=1000)] = "",
+            allow_env_mismatch: bool = False):
     sa, sb = _sweep_or_404(db, a), _sweep_or_404(db, b)
+    result = compare_sweeps(db, a, b, threshold, ignore, allow_env_mismatch)
+    cells = result["cells"]
+    keys = sorted({k for c in cells for k in c["params"]
+                   if len({json.dumps(x["params"].get(k)) for x in cells}) > 1}) or (
+        sorted(cells[0]["params"])[:4] if cells else [])
     rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
-    matched = compare_rows(rows_a, rows_b)
-    keys = sorted({k for m in matched for k in m["params"]
-                   if len({json.dumps(x["params"].get(k)) for x in matched}) > 1}) or sorted(
-        matched[0]["params"])[:4] if matched else []
     return _render(request, "compare.html", {
-        "a": sa, "b": sb, "matched": matched, "keys": keys, "env_diff": _env_diff(db, rows_a, rows_b),
-        "figure": compare_figure(matched)})
+        "a": sa, "b": sb, "result": result, "keys": keys, "env_diff": _env_diff(db, rows_a, rows_b),
+        "ignore": ignore, "threshold": threshold, "figure": compare_figure(result)})
 
 
 # -- signing in (browsers) ---------------------------------------------------------------------------

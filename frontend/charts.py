@@ -250,32 +250,27 @@ def sweep_figures(suite: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]
     return [json.loads(f.to_json()) for f in builder(rows)]
 
 
-def compare_rows(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], metric: str = "median_ms"):
-    """Match cells of two sweeps by their params; ratio = b / a of `metric` (below 1: b is faster)."""
-    def key(r):
-        return json.dumps(r["params"], sort_keys=True)
-
-    b_by = defaultdict(list)
-    for r in rows_b:
-        b_by[key(r)].append(r)
-    out = []
-    for ra in rows_a:
-        for rb in b_by.get(key(ra), [])[:1]:
-            va, vb = (ra.get("metrics") or {}).get(metric), (rb.get("metrics") or {}).get(metric)
-            ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
-            out.append({"params": ra["params"], "a_state": ra["state"], "b_state": rb["state"], "a": va, "b": vb,
-                        "ratio": ratio})
-    return out
+VERDICT_COLORS = {"slower": "#d62728", "faster": "#2ca02c", "same": "#7f7f7f", "inconclusive": "#ff9f1c"}
 
 
-def compare_figure(matched: list[dict[str, Any]]) -> dict[str, Any] | None:
-    pts = [m for m in matched if m["ratio"] is not None]
-    if not pts:
+def compare_figure(result: dict[str, Any]) -> dict[str, Any] | None:
+    """B / A per matching cell with its 95 % interval, coloured by verdict, the threshold band drawn."""
+    cells = [c for c in result["cells"] if c["ratio"] is not None]
+    if not cells:
         return None
-    var = varying([m["params"] for m in matched], matched[0]["params"].keys())
-    labels = [_label(m["params"], var) for m in pts]
-    fig = go.Figure(go.Bar(x=labels, y=[m["ratio"] for m in pts], marker_color=[
-        "#2ca02c" if m["ratio"] < 1 else "#d62728" for m in pts]))
+    var = varying([c["params"] for c in result["cells"]], result["cells"][0]["params"].keys())
+    labels = [_label(c["params"], var) or "cell" for c in cells]
+    has_ci = [c["ci_low"] is not None for c in cells]
+    fig = go.Figure(go.Scatter(
+        x=labels, y=[c["ratio"] for c in cells], mode="markers",
+        marker={"size": 10, "color": [VERDICT_COLORS[c["verdict"]] for c in cells]},
+        error_y={"type": "data", "symmetric": False,
+                 "array": [c["ci_high"] - c["ratio"] if ok else 0 for c, ok in zip(cells, has_ci, strict=True)],
+                 "arrayminus": [c["ratio"] - c["ci_low"] if ok else 0 for c, ok in zip(cells, has_ci, strict=True)]},
+        text=[c["verdict"] for c in cells], hovertemplate="%{x}<br>B / A %{y:.3f}<br>%{text}<extra></extra>"))
+    t = result["threshold"]
+    fig.add_hrect(y0=1 - t, y1=1 + t, fillcolor="#7f7f7f", opacity=0.12, line_width=0)
     fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(title="B / A median time per matching cell (below 1: B is faster)", yaxis_title="ratio")
+    fig.update_layout(title=f"B / A median time per cell, 95 % interval (band: +/-{t:.0%}; below 1: B is faster)",
+                      yaxis_title="ratio")
     return json.loads(fig.to_json())

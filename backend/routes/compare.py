@@ -38,12 +38,17 @@ class ComparePublic(SQLModel):
 
 
 @router.get("/compare", response_model=ComparePublic, responses=NOT_FOUND)
-def compare_sweeps(a: SweepQ, b: SweepQ, db: SessionDep,
+def get_compare(a: SweepQ, b: SweepQ, db: SessionDep,
                    threshold: float = Query(0.05, gt=0, lt=1, description="relative: 0.05 is 5 %"),
                    ignore: str = Query("", max_length=1000, description="comma-separated params not matched on"),
                    allow_env_mismatch: bool = Query(False, description="judge cells whose environments differ")):
     """Matching cells of sweeps A and B: ratio of medians B/A with a 95 % bootstrap interval, a
     Mann-Whitney p-value and a verdict (slower / faster / same / inconclusive)."""
+    return compare_sweeps(db, a, b, threshold, ignore, allow_env_mismatch)
+
+
+def compare_sweeps(db, a: int, b: int, threshold: float, ignore: str, allow_env_mismatch: bool) -> dict[str, Any]:
+    """The comparison of two stored sweeps (404 if either is missing): the API's and the page's."""
     for sid in (a, b):
         if db.get(Sweep, sid) is None:
             raise HTTPException(404, detail=f"sweep {sid} not found")

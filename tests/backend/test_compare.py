@@ -79,3 +79,11 @@ def test_compare_matches_cells_ignores_params_and_reports_missing_and_mismatched
 def test_cells_without_samples_are_inconclusive_with_the_reason():
     out = compare([row({"x": 1}, [])], [row({"x": 1}, [1.0, 2.0])], {})
     assert out["cells"][0]["verdict"] == "inconclusive" and out["cells"][0]["reason"] == "no timing samples on side A"
+
+
+def test_results_without_samples_fall_back_to_the_stored_medians_unjudged():
+    old = lambda m: {"params": {"x": 1}, "metrics": {"median_ms": m}, "state": "done", "env_id": None}  # noqa: E731 (a row)
+    out = compare([old(10.0)], [old(12.0)], {})
+    cell = out["cells"][0]
+    assert cell["ratio"] == 1.2 and cell["ci_low"] is None and cell["verdict"] == "inconclusive"
+    assert "stored medians" in cell["reason"]

@@ -94,6 +94,8 @@ def test_compare_page_shows_ratios(browser, stack):
     ratios = [float(t) for t in page.locator("#compare-table td.ratio").all_inner_texts()]
     expected = [rows_b[s] / rows_a[s] for s in sorted(rows_a)]
     assert ratios == [float(f"{x:.3f}") for x in expected]  # B / A of the medians, cell by cell
+    verdicts = page.locator("#compare-table tr[data-verdict] .verdict").all_inner_texts()
+    assert len(verdicts) == 2 and set(verdicts) <= {"slower", "faster", "same", "inconclusive"}
     page.wait_for_selector("#chart .main-svg")
     page.close()
 
