@@ -87,6 +87,25 @@ async def get_sweep(sweep_id: SweepId, request: Request, changes: ChangesDep,
         waiters.release()
 
 
+@router.get("/{sweep_id}/baseline", dependencies=[ReadAuth], response_model=SweepPublic, responses=NOT_FOUND)
+def get_baseline(sweep_id: SweepId, db: SessionDep,
+                 branch: str = Query("main", max_length=200, description="the baseline's `branch` tag"),
+                 ignore: str = Query("", max_length=1000, description="comma-separated params not matched on")
+                 ) -> dict:
+    """The sweep this one is judged against by default: the newest finished sweep before it of the same
+    suite and grid (params less `ignore`), tagged `branch` (as `benchlab ci --baseline auto` picks)."""
+    from backend.ci import find_baseline
+
+    sweep = _get_sweep(db, sweep_id)
+    candidates = [s for s in service.list_sweeps(db, limit=1000) if s["id"] < sweep_id]
+    base = find_baseline(candidates, sweep.suite, sweep.params,
+                         [p.strip() for p in ignore.split(",") if p.strip()], branch)
+    if base is None:
+        raise HTTPException(404, detail=f"no finished {sweep.suite} sweep of this grid tagged branch={branch!r} "
+                                        f"before sweep {sweep_id}")
+    return base
+
+
 @router.get("/{sweep_id}/results", dependencies=[ReadAuth], response_model=list[ResultRow], responses=NOT_FOUND)
 def get_results(sweep_id: SweepId, db: SessionDep, format: str = Query("json", pattern="^(json|csv)$")):
     _get_sweep(db, sweep_id)

@@ -240,3 +240,31 @@ def test_wait_is_bounded_and_named(client):
     assert r.status_code == 422 and "wait_s" in r.text
     # a short wait on a sweep nobody runs comes back, still queued
     assert client.get(f"/api/sweeps/{sid}", params={"wait_s": 0.3}).json()["status"] == "queued"
+
+
+def test_baseline_is_the_newest_earlier_finished_sweep_of_the_grid_on_main(client):
+    def sweep(params, branch):
+        body = {"suite": "noop", "params": params, "tags": {"branch": branch}}
+        sid = client.post("/api/sweeps", json=body).json()["id"]
+        client.post(f"/api/sweeps/{sid}/cancel")  # finished (all cells final) without a worker
+        return sid
+
+    old, dev, other, newest = sweep({"x": 1}, "main"), sweep({"x": 1}, "dev"), sweep({"x": 2}, "main"), \
+        sweep({"x": 1}, "main")
+    later = sweep({"x": 1}, "feature")
+    # cancelled sweeps are not "done": a baseline must have finished its cells normally
+    assert client.get(f"/api/sweeps/{later}/baseline").status_code == 404
+    with session(client.app_ref.state.engine) as db:
+        for j in db.exec(select(Job)).all():
+            j.state = "done"
+            db.add(j)
+        for s in db.exec(select(Sweep)).all():
+            s.cancelled_at = None
+            db.add(s)
+        db.commit()
+    assert client.get(f"/api/sweeps/{later}/baseline").json()["id"] == newest
+    assert client.get(f"/api/sweeps/{newest}/baseline").json()["id"] == old  # only earlier sweeps
+    assert client.get(f"/api/sweeps/{later}/baseline", params={"branch": "dev"}).json()["id"] == dev
+    assert client.get(f"/api/sweeps/{other}/baseline", params={"ignore": "x"}).json()["id"] == old
+    r = client.get(f"/api/sweeps/{old}/baseline")
+    assert r.status_code == 404 and "no finished noop sweep" in r.json()["detail"]
