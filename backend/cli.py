@@ -57,7 +57,7 @@ def _serve_api(host: str | None, port: int | None) -> None:
                                            port=port or settings.port, log_level="warning"))
     # uvicorn handles SIGINT and SIGTERM itself and re-raises them after its shutdown: turn that
     # second delivery into SystemExit, so `finally` blocks run; SIGHUP stops it the same way
-    for sig in STOP_SIGNALS:
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     signal.signal(signal.SIGHUP, lambda signum, frame: setattr(server, "should_exit", True))
     server.run()
@@ -363,6 +363,24 @@ def _submit(body: dict, server: str, headers: dict, wait: bool, poll_s: float, t
         raise typer.Exit(1)
 
 
+def _report_comparison(result: dict, heading: str, json_out: Path | None, markdown_out: Path | None,
+                       no_match: str) -> None:
+    """Print (and write) a comparison; exit 2 when no cell matched, 1 when a cell is slower."""
+    from backend.compare import markdown
+
+    table = heading + markdown(result)
+    out.print(table, markup=False, highlight=False)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+    if markdown_out:
+        markdown_out.write_text(table + "\n")
+    if not result["cells"]:
+        console.print(f"[red]{no_match}[/]", markup=True)
+        raise typer.Exit(2)
+    if result["summary"]["slower"]:
+        raise typer.Exit(1)
+
+
 @app.command()
 def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON or YAML sweep spec (as submit)"),
        server: str = typer.Option("http://127.0.0.1:8000", envvar="BENCHLAB_SERVER"),
@@ -380,7 +398,6 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
     import httpx
 
     from backend.ci import ci_tags, find_baseline
-    from backend.compare import markdown
 
     body = _load_spec(spec)
     body["tags"] = {**ci_tags(os.environ), **(body.get("tags") or {})}
@@ -421,18 +438,9 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
     except httpx.HTTPError as exc:
         console.print(f"[red]cannot reach the server {server}:[/] {exc}")
         raise typer.Exit(2) from None
-    result = {**c.json(), "baseline": base_id, "sweep": sid}
-    table = f"benchlab: sweep {sid} against baseline {base_id}\n\n" + markdown(result)
-    out.print(table, markup=False, highlight=False)
-    if json_out:
-        json_out.write_text(json.dumps(result, indent=1))
-    if markdown_out:
-        markdown_out.write_text(table + "\n")
-    if not result["cells"]:
-        console.print("[red]cannot judge: no cell matches the baseline's[/]")
-        raise typer.Exit(2)
-    if result["summary"]["slower"]:
-        raise typer.Exit(1)
+    _report_comparison({**c.json(), "baseline": base_id, "sweep": sid},
+                       f"benchlab: sweep {sid} against baseline {base_id}\n\n", json_out, markdown_out,
+                       "cannot judge: no cell matches the baseline's")
 
 
 @app.command("import")
@@ -475,8 +483,6 @@ def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
     2: could not compare (server unreachable, bad token, no such sweep, no matching cells)."""
     import httpx
 
-    from backend.compare import markdown
-
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.get(f"{server.rstrip('/')}/api/compare", headers=headers, timeout=120,
@@ -488,18 +494,8 @@ def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
     if r.status_code != 200:
         console.print(f"[red]comparison refused ({r.status_code}):[/] {r.text[:500]}")
         raise typer.Exit(2)
-    result = r.json()
-    table = markdown(result)
-    out.print(table, markup=False, highlight=False)
-    if json_out:
-        json_out.write_text(json.dumps(result, indent=1))
-    if markdown_out:
-        markdown_out.write_text(table + "\n")
-    if not result["cells"]:
-        console.print("[red]no cell of A matches a cell of B[/] (name the params that differ with --ignore)")
-        raise typer.Exit(2)
-    if result["summary"]["slower"]:
-        raise typer.Exit(1)
+    _report_comparison(r.json(), "", json_out, markdown_out,
+                       "no cell of A matches a cell of B (name the params that differ with --ignore)")
 
 
 # -- the database ---------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from fastapi.templating import Jinja2Templates
 
 from backend import service
 from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
-from backend.models import Environment, Sweep
-from backend.routes.compare import compare_sweeps
+from backend.models import Sweep
+from backend.routes.compare import compare_sweeps, load_sweeps
 from backend.routes.suites import suite_info
 from backend.security import CSRF_COOKIE, SESSION_COOKIE, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
@@ -69,7 +69,7 @@ def sweep_data(sweep_id: DbId, db: SessionDep,
     """What the sweep page polls: summary, rows (with progress lines), figures, environments, and `key`."""
     sweep = _sweep_or_404(db, sweep_id)
     summary = service.get_summary(db, sweep)
-    version = service.sweep_version(db, sweep_id)
+    version = service.sweep_version(db, sweep_id, summary["counts"])
     if key == version:
         return Response(json.dumps({"summary": summary, "key": version, "unchanged": True}),
                         media_type="application/json")
@@ -91,12 +91,9 @@ def sweep_data(sweep_id: DbId, db: SessionDep,
     return Response(head[:-1] + "," + cached[1][1:], media_type="application/json")
 
 
-def _env_diff(db, rows_a, rows_b) -> list[tuple[str, str, str]]:
-    def envs(rows):
-        ids = {r["env_id"] for r in rows if r["env_id"]}
-        return [db.get(Environment, i).data for i in ids]
-
-    ea, eb = envs(rows_a), envs(rows_b)
+def _env_diff(rows_a, rows_b, envs: dict[int, dict]) -> list[tuple[str, str, str]]:
+    ea = [envs[i] for i in {r["env_id"] for r in rows_a if r["env_id"]}]
+    eb = [envs[i] for i in {r["env_id"] for r in rows_b if r["env_id"]}]
     if not ea or not eb:
         return []
     keys = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton", "python", "git_commit", "host")
@@ -115,14 +112,14 @@ def compare(request: Request, db: SessionDep, a: Annotated[int, Query(ge=1, le=2
             ignore: Annotated[str, Query(max_length=1000)] = "",
             allow_env_mismatch: bool = False):
     sa, sb = _sweep_or_404(db, a), _sweep_or_404(db, b)
-    result = compare_sweeps(db, a, b, threshold, ignore, allow_env_mismatch)
+    loaded = load_sweeps(db, a, b)
+    result = compare_sweeps(db, a, b, threshold, ignore, allow_env_mismatch, loaded)
     cells = result["cells"]
     keys = sorted({k for c in cells for k in c["params"]
                    if len({json.dumps(x["params"].get(k)) for x in cells}) > 1}) or (
         sorted(cells[0]["params"])[:4] if cells else [])
-    rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
     return _render(request, "compare.html", {
-        "a": sa, "b": sb, "result": result, "keys": keys, "env_diff": _env_diff(db, rows_a, rows_b),
+        "a": sa, "b": sb, "result": result, "keys": keys, "env_diff": _env_diff(*loaded),
         "ignore": ignore, "threshold": threshold, "figure": compare_figure(result)})
 
 

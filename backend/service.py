@@ -464,14 +464,14 @@ def progress_lines(db: Session, sweep_id: int) -> dict[int, str]:
     return {jid: p for jid, p in rows if p}
 
 
-def sweep_version(db: Session, sweep_id: int) -> str:
+def sweep_version(db: Session, sweep_id: int, counts: dict[str, int] | None = None) -> str:
     """A short key that changes whenever anything the sweep page shows changes: job states, results
-    (their newest id), attempts and progress lines. Two small indexed queries."""
+    (their newest id), attempts and progress lines. `counts`: the job states if already read."""
     jobs = db.exec(select(func.count(), func.sum(Job.attempts), func.max(Job.finished_at), func.max(Job.started_at))
                    .where(Job.sweep_id == sweep_id)).one()
     newest = db.exec(select(func.max(Result.id)).join(Job, Job.id == Result.job_id)
                      .where(Job.sweep_id == sweep_id)).one()
     progress = sorted(progress_lines(db, sweep_id).items())
-    counts = sorted(state_counts(db, [sweep_id])[sweep_id].items())
+    counts = sorted((counts if counts is not None else state_counts(db, [sweep_id])[sweep_id]).items())
     raw = json.dumps([list(jobs), newest, counts, progress], default=str)
     return hashlib.sha1(raw.encode()).hexdigest()[:16]

@@ -24,34 +24,11 @@ import time
 import uuid
 from pathlib import Path
 
-
-def descendants(pid: int) -> set[int]:
-    parents = {}
-    for e in Path("/proc").iterdir():
-        if e.name.isdigit():
-            try:
-                parents[int(e.name)] = int((e / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 NOOP_JOB = {"suite": "noop", "params": {"sleep_ms": 600_000}}
 
 
 def one(broker: str, redis_url: str, env: dict, job_body: dict = NOOP_JOB) -> dict:
-    from tests.stack import Stack
+    from tests.stack import Stack, alive, children_of
 
     with tempfile.TemporaryDirectory() as d:
         kw = {"extra_env": env}
@@ -67,7 +44,7 @@ def one(broker: str, redis_url: str, env: dict, job_body: dict = NOOP_JOB) -> di
                 time.sleep(0.1)
             world = int(job_body.get("params", {}).get("world_size", 0))
             deadline = time.monotonic() + 120  # for a multi-rank job: until its ranks exist
-            while len(tree := descendants(s.worker_proc.pid)) < 2 + world and time.monotonic() < deadline:
+            while len(tree := children_of(s.worker_proc.pid)) < 2 + world and time.monotonic() < deadline:
                 time.sleep(0.2)
             os.kill(s.worker_proc.pid, signal.SIGKILL)
             t0 = time.monotonic()

@@ -114,3 +114,41 @@ class Stack:
 
     def results(self, sweep_id: int) -> list[dict]:
         return self.client.get(f"/api/sweeps/{sweep_id}/results").json()
+
+
+# -- processes, for fault-injection tests and benchmarks ---------------------------------------
+def children_of(pid: int) -> set[int]:
+    """Every descendant of `pid`, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(cond, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
+    """cond()'s first true value, asked every `interval` until `timeout` s pass (then AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what} not reached within {timeout} s")

@@ -47,13 +47,19 @@ def get_compare(a: SweepQ, b: SweepQ, db: SessionDep,
     return compare_sweeps(db, a, b, threshold, ignore, allow_env_mismatch)
 
 
-def compare_sweeps(db, a: int, b: int, threshold: float, ignore: str, allow_env_mismatch: bool) -> dict[str, Any]:
-    """The comparison of two stored sweeps (404 if either is missing): the API's and the page's."""
+def load_sweeps(db, a: int, b: int) -> tuple[list[dict], list[dict], dict[int, dict]]:
+    """Both sweeps' result rows and the environments they name (404 if a sweep is missing)."""
     for sid in (a, b):
         if db.get(Sweep, sid) is None:
             raise HTTPException(404, detail=f"sweep {sid} not found")
     rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
     env_ids = {r["env_id"] for r in rows_a + rows_b if r["env_id"]}
-    envs = {i: db.get(Environment, i).data for i in env_ids}
+    return rows_a, rows_b, {i: db.get(Environment, i).data for i in env_ids}
+
+
+def compare_sweeps(db, a: int, b: int, threshold: float, ignore: str, allow_env_mismatch: bool,
+                   loaded: tuple | None = None) -> dict[str, Any]:
+    """The comparison of two stored sweeps: the API's and the page's (which passes what it loaded)."""
+    rows_a, rows_b, envs = loaded or load_sweeps(db, a, b)
     return compare(rows_a, rows_b, envs, threshold=threshold,
                    ignore=[p.strip() for p in ignore.split(",") if p.strip()], allow_env_mismatch=allow_env_mismatch)

@@ -14,17 +14,8 @@ from backend.main import create_app
 from backend.models import DeadLetter, Job, Result, WorkerRow
 from backend.service import apply_event, reap_lost_jobs
 from backend.settings import BackendSettings
+from tests.stack import wait_until
 from worker.celery_app import RESULTS_EXCHANGE, RESULTS_QUEUE
-
-
-def poll(cond, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout} s")
 
 
 @pytest.fixture
@@ -58,8 +49,8 @@ def test_garbage_goes_to_the_dead_letters_and_never_blocks_the_queue(live):
     send_raw(app, {"type": "result", "job_id": jobs[1], "state": "done", "v": 99}, serializer="json")  # newer
     send_raw(app, {"type": "result", "job_id": jobs[0], "attempt": 1, "state": "done", "metrics": {"x": 1}},
              serializer="json")  # and a good one after them
-    poll(lambda: live.get(f"/api/jobs/{jobs[0]}").json()["state"] == "done", what="the good message applied")
-    health = poll(lambda: (h := live.get("/api/health").json())["dead_letters"] == 4 and h, what="4 dead letters")
+    wait_until(lambda: live.get(f"/api/jobs/{jobs[0]}").json()["state"] == "done", what="the good message applied")
+    health = wait_until(lambda: (h := live.get("/api/health").json())["dead_letters"] == 4 and h, what="4 dead letters")
     assert health["recorder"] is True
     letters = live.get("/api/dead-letters").json()
     assert len(letters) == 4
@@ -75,7 +66,7 @@ def test_a_result_delivered_twice_writes_one_row(live):
     event = {"type": "result", "job_id": job, "attempt": 1, "state": "done", "metrics": {"x": 1}}
     for _ in range(3):
         send_raw(live.app_ref, event, serializer="json")
-    poll(lambda: live.app_ref.state.recorder.applied >= 1, what="first delivery applied")
+    wait_until(lambda: live.app_ref.state.recorder.applied >= 1, what="first delivery applied")
     time.sleep(0.5)  # let the copies arrive; they must change nothing
     with session(live.app_ref.state.engine) as db:
         assert len(db.exec(select(Result).where(Result.job_id == job)).all()) == 1
@@ -89,10 +80,10 @@ def test_the_reaper_closes_jobs_of_silent_workers(live):
     send_raw(live.app_ref, {**hb, "at": now}, serializer="json")
     send_raw(live.app_ref, {"type": "state", "job_id": a, "worker": "gpu1:benchlab@gpu1", "at": now},
              serializer="json")
-    poll(lambda: live.get(f"/api/jobs/{a}").json()["state"] == "running", what="running")
+    wait_until(lambda: live.get(f"/api/jobs/{a}").json()["state"] == "running", what="running")
     assert live.get("/api/workers").json()[0]["name"] == "gpu1:benchlab@gpu1"
     # no further heartbeat: after worker_lost_after_s the reaper marks it
-    job = poll(lambda: (j := live.get(f"/api/jobs/{a}").json())["state"] == "failed" and j, what="reaped")
+    job = wait_until(lambda: (j := live.get(f"/api/jobs/{a}").json())["state"] == "failed" and j, what="reaped")
     assert job["error"].startswith("worker lost: gpu1:benchlab@gpu1 stopped sending heartbeats")
     assert [h["attempt"] for h in job["history"]] == [1]
     assert live.get(f"/api/jobs/{b}").json()["state"] == "queued"  # a job nobody took stays queued

@@ -17,26 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import ROOT, Stack, free_port
+from tests.stack import ROOT, Stack, alive, children_of, free_port, wait_until
 
 LOST_ENV = {"BENCHLAB_WORKER_LOST_AFTER_S": "4", "BENCHLAB_REAP_INTERVAL_S": "0.5", "BENCHLAB_HEARTBEAT_S": "1"}
-
-
-def children_of(pid: int) -> set[int]:
-    """Every descendant of `pid`, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def runners_of(pid: int) -> set[int]:
@@ -50,24 +33,6 @@ def runners_of(pid: int) -> set[int]:
         if b"multiprocessing" in cmd and b"resource_tracker" not in cmd:
             found.add(child)
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except OSError:
-        return False
-
-
-def wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout} s")
 
 
 def job_state(stack: Stack, job_id: int) -> dict:
