@@ -46,7 +46,6 @@ FinalState = Literal["done", "skipped", "failed", "oom", "timeout", "cancelled"]
 # Queue names: what Redis keys and the embedded broker's file names can hold. The results queue
 # and Celery's own names are benchlab's: a sweep sent there would be read as worker messages.
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
-RESULTS_QUEUE_NAME = "results"
 RESERVED_QUEUE_PREFIXES = ("celery", "benchlab.", "results", "unacked", "_kombu")
 
 
