@@ -14,53 +14,14 @@ raw per-iteration samples (`samples_ms`, pooled over a cell's repeats):
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
 
+from worker.stats import mann_whitney_p, ratio_interval
+
 ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton")
 VERDICTS = ("slower", "faster", "same", "inconclusive")
-
-
-def ratio_interval(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0,
-                   level: float = 0.95) -> tuple[float, float, float]:
-    """(median(b) / median(a), low, high) with a percentile bootstrap interval at `level`."""
-    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(xa) == 0 or len(xb) == 0:
-        raise ValueError("both sides need at least one sample")
-    rng = np.random.default_rng(seed)
-    ma = np.median(xa[rng.integers(0, len(xa), (resamples, len(xa)))], axis=1)
-    mb = np.median(xb[rng.integers(0, len(xb), (resamples, len(xb)))], axis=1)
-    ratios = mb / ma
-    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(np.median(xb) / np.median(xa)), float(lo), float(hi)
-
-
-def mann_whitney_p(a: list[float], b: list[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie-corrected)."""
-    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    n1, n2 = len(xa), len(xb)
-    both = np.concatenate([xa, xb])
-    order = both.argsort(kind="mergesort")
-    ranks = np.empty(len(both))
-    sorted_vals = both[order]
-    i = 0
-    while i < len(both):  # average ranks over ties
-        j = i
-        while j + 1 < len(both) and sorted_vals[j + 1] == sorted_vals[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
-    mu = n1 * n2 / 2
-    _, counts = np.unique(both, return_counts=True)
-    n = n1 + n2
-    sigma2 = n1 * n2 / 12 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
-    if sigma2 <= 0:
-        return 1.0
-    z = (abs(u1 - mu) - 0.5) / math.sqrt(sigma2)
-    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
 
 
 def verdict(lo: float, hi: float, threshold: float) -> str:

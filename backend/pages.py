@@ -81,7 +81,9 @@ def sweep_data(sweep_id: DbId, db: SessionDep,
         for r in rows:
             r["progress"] = progress.get(r["job_id"])
         envs = sorted({r["env_id"] for r in rows if r["env_id"]})
-        body = json.dumps({"rows": rows, "figures": sweep_figures(sweep.suite, rows), "environments": envs})
+        model = service.comm_model(db, sweep, rows)
+        body = json.dumps({"rows": rows, "figures": sweep_figures(sweep.suite, rows, model), "environments": envs,
+                           "comm_model": model})
         cached = (version, body)
         _DATA_CACHE[cache_key] = cached
         _DATA_CACHE.move_to_end(cache_key)

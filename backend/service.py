@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Text, cast, func
 from sqlmodel import Session, select
 
+from backend import commfit
 from backend.dispatch import Dispatcher, SendError
 from backend.grid import SweepInputError, expand_grid
 from backend.models import (
@@ -475,3 +476,52 @@ def sweep_version(db: Session, sweep_id: int, counts: dict[str, int] | None = No
     counts = sorted((counts if counts is not None else state_counts(db, [sweep_id])[sweep_id]).items())
     raw = json.dumps([list(jobs), newest, counts, progress], default=str)
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def _gpu_of(db: Session, rows: list[dict[str, Any]]) -> str | None:
+    env_id = next((r["env_id"] for r in rows if r.get("env_id")), None)
+    env = db.get(Environment, env_id) if env_id else None
+    return (env.data or {}).get("gpu_name") if env else None
+
+
+def comm_model(db: Session, sweep: Sweep, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The all-reduce fit (backend/commfit.py) a sweep's charts draw, or None.
+
+    allreduce sweep: fitted on its own cells, one fit per world size.
+    ddp sweep: fitted on the latest allreduce sweep with two or more sizes at the same world size and
+    collective backend, on the same GPU model; with the predicted overhead curve over the bucket
+    sizes and the predicted best bucket size for the model's gradient bytes.
+    """
+    if sweep.suite == "allreduce":
+        fits = {}
+        for ws in sorted({r["params"].get("world_size") for r in rows if r["state"] == "done"}, key=str):
+            try:
+                fits[str(ws)] = commfit.fit_latency_bandwidth(commfit.allreduce_points(rows, ws))
+            except ValueError:
+                continue
+        return {"fits": fits} if fits else None
+    if sweep.suite != "ddp":
+        return None
+    done = [r for r in rows if r["state"] == "done" and (r["metrics"] or {}).get("grad_bytes")]
+    if not done:
+        return None
+    m = done[0]["metrics"]
+    world, backend, gpu = m.get("world_size"), m.get("backend"), _gpu_of(db, done)
+    candidates = db.exec(select(Sweep).where(Sweep.suite == "allreduce").order_by(Sweep.id.desc()).limit(50)).all()
+    for cand in candidates:
+        cand_rows = result_rows(db, cand.id)
+        same = [r for r in cand_rows if r["state"] == "done" and (r["metrics"] or {}).get("backend") == backend]
+        if gpu != _gpu_of(db, same):
+            continue
+        try:
+            fit = commfit.fit_latency_bandwidth(commfit.allreduce_points(same, world))
+        except ValueError:
+            continue
+        total = float(m["grad_bytes"])
+        sizes = [r["params"].get("bucket_size_mb") for r in done if isinstance(r["params"].get("bucket_size_mb"),
+                                                                              (int, float))]
+        lo, hi = min([*sizes, 1.0]) / 2, max([*sizes, 1000.0]) * 2
+        return {"sweep_id": cand.id, **fit, "grad_bytes": total,
+                "best_bucket_mb": commfit.best_bucket_bytes(total, fit) / commfit.MB,
+                "curve": commfit.bucket_curve(total, fit, lo, hi)}
+    return None

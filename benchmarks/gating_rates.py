@@ -66,7 +66,8 @@ def collect(n: int, blocks: int, slowdowns: list[float], shape: tuple[int, int, 
 
 
 def rates(blocks_a: list[list[float]], blocks_b: list[list[float]], n: int, threshold: float = 0.05) -> dict:
-    from backend.compare import ratio_interval, verdict
+    from backend.compare import verdict
+    from worker.stats import ratio_interval
 
     verdicts = []
     for i, (a, b) in enumerate(zip(blocks_a, blocks_b, strict=True)):

@@ -6,6 +6,7 @@ params and metrics into one dict so builders can address any field by name.
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -189,34 +190,122 @@ def _ratio_bar(done, key, base_val, new_val, title) -> go.Figure | None:
     return fig
 
 
-def ddp_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+BUCKETED = ("bucketed", "zero1", "torch_ddp")  # the wrappers whose step depends on bucket_size_mb
+
+
+def _host_bound_note(r: dict[str, Any]) -> str:
+    return f"host-bound: {r['gpu_busy'] * 100:.0f} % GPU busy" if r.get("host_bound") else ""
+
+
+def _bucket_chart(flat: list[dict[str, Any]], y: str, lo: str | None, hi: str | None, title: str,
+                  model: dict[str, Any] | None = None) -> go.Figure | None:
+    """y against bucket size (log x) for the bucketed wrappers; the others as horizontal reference lines.
+    Host-bound cells are drawn hollow and say so on the chart."""
+    done = [r for r in flat if r.get("state") == "done" and isinstance(r.get(y), (int, float))]
+    if not done:
+        return None
+    others = [k for k in varying(flat, list(flat[0]["_params"])) if k not in ("wrapper", "bucket_size_mb")]
+    fig = go.Figure()
+    series = sorted({(r.get("wrapper"), _label(r, others)) for r in done}, key=str)
+    sizes = sorted({r["bucket_size_mb"] for r in done if isinstance(r.get("bucket_size_mb"), (int, float))})
+    for i, (wrapper, rest) in enumerate(series):
+        pts = sorted((r for r in done if r.get("wrapper") == wrapper and _label(r, others) == rest),
+                     key=lambda r: r.get("bucket_size_mb") or 0)
+        name = wrapper if not others else f"{wrapper} ({rest})"
+        color = PALETTE[i % len(PALETTE)]
+        if (wrapper in BUCKETED and len(pts) > 1) or wrapper == "bucketed":
+            err = None
+            if lo and hi and all(isinstance(r.get(lo), (int, float)) for r in pts):
+                err = dict(type="data", symmetric=False, array=[r[hi] - r[y] for r in pts],
+                           arrayminus=[r[y] - r[lo] for r in pts], thickness=1)
+            notes = [_host_bound_note(r) for r in pts]
+            fig.add_trace(go.Scatter(
+                x=[r["bucket_size_mb"] for r in pts], y=[r[y] for r in pts], mode="lines+markers+text", name=name,
+                error_y=err, line=dict(color=color), text=notes, textposition="top center",
+                marker=dict(symbol=["circle-open" if n else "circle" for n in notes], size=9),
+                customdata=[[r.get("buckets") or "?", n] for r, n in zip(pts, notes, strict=True)],
+                hovertemplate="%{x} MB: %{y:.2f} ms<br>%{customdata[0]} buckets<br>%{customdata[1]}<extra>"
+                              + name + "</extra>"))
+        else:  # a reference: its median over the sweep, drawn across the bucket sizes
+            level = statistics.median(r[y] for r in pts)
+            note = next((n for n in map(_host_bound_note, pts) if n), "")
+            fig.add_trace(go.Scatter(x=[sizes[0], sizes[-1]] if sizes else [1, 1000], y=[level, level],
+                                     mode="lines", name=f"{name} {note}".strip(),
+                                     line=dict(color=color, dash="dash"),
+                                     hovertemplate=f"{name}: {level:.2f} ms {note}<extra></extra>"))
+    if model:
+        c = model["curve"]
+        fig.add_trace(go.Scatter(
+            x=c["bucket_mb"], y=c["exposed_ms"], mode="lines", name="model: s/(n_b w) + n_b o",
+            line=dict(color="#333", dash="dot"), customdata=c["buckets"],
+            hovertemplate="%{x:.3g} MB: %{y:.2f} ms predicted<br>%{customdata} buckets<extra></extra>"))
+        fig.add_vline(x=model["best_bucket_mb"], line=dict(color="#333", dash="dot"),
+                      annotation_text=f"predicted best {model['best_bucket_mb']:.3g} MB")
+        measured = [r for r in done if r.get("wrapper") == "bucketed"]
+        if measured:
+            best = min(measured, key=lambda r: r[y])
+            fig.add_vline(x=best["bucket_size_mb"], line=dict(color=PALETTE[0], dash="dash"),
+                          annotation_text=f"measured best {best['bucket_size_mb']:g} MB", annotation_position="bottom")
+        title += (f"<br><sup>model fitted on all-reduce sweep #{model['sweep_id']}: "
+                  f"w = {model['w_gbps']:.1f} GB/s, o = {model['o_ms'] * 1000:.1f} us</sup>")
+    fig.update_layout(title=title, xaxis=dict(type="log", title="bucket size (MB)"), yaxis_title="ms",
+                      height=460, margin=dict(t=90, l=60, r=20, b=60))
+    return fig
+
+
+def _memory_chart(flat: list[dict[str, Any]], var: list[str]) -> go.Figure | None:
+    """Stacked bars per rank: parameters, gradients, optimizer state, other; at construction, before the
+    optimizer step and after it."""
+    done = [r for r in flat if r.get("state") == "done" and isinstance(r.get("memory_by_rank"), list)]
+    if not done:
+        return None
+    parts = ("params", "grads", "optimizer_state", "other")
+    stages = (("after_construction", "built"), ("before_step", "before step"), ("after_step", "after step"))
+    labels, values = [], {p: [] for p in parts}
+    for r in done:
+        for rank, mem in enumerate(r["memory_by_rank"]):
+            for key, stage in stages:
+                split = mem.get(key) or {}
+                labels.append(f"{_label(r, var)} | rank {rank} | {stage}")
+                for p in parts:
+                    values[p].append((split.get(p) or 0) / 2**20)  # `other` is None on CPU
+    fig = go.Figure([go.Bar(name=p, x=labels, y=values[p]) for p in parts])
+    fig.update_layout(barmode="stack", title="Memory per rank (MiB; each storage counted once)", yaxis_title="MiB",
+                      height=520, margin=dict(b=200))
+    return fig
+
+
+def ddp_figures(rows: list[dict[str, Any]], model: dict[str, Any] | None = None) -> list[go.Figure]:
     flat = _prepare(rows)
     params = list(rows[0]["params"]) if rows else []
     var = varying(flat, params)
-    series = [k for k in var if k not in ("bucket_size_mb",)] or ["wrapper"]
     figs = [
-        facet_lines(flat, "bucket_size_mb", "median_ms", series, [], "Step time vs bucket size", "ms"),
-        facet_lines(flat, "bucket_size_mb", "comm_ms", series, [], "Time inside collectives vs bucket size", "ms"),
-        facet_lines(flat, "bucket_size_mb", "overhead", series, [], "Overhead over the no-communication step", "x"),
+        _bucket_chart(flat, "median_ms", "p20_ms", "p80_ms", "Step time vs bucket size (slowest rank, p20-p80)"),
+        _bucket_chart(flat, "exposed_comm_ms", "exposed_comm_ci_low", "exposed_comm_ci_high",
+                      "Exposed communication vs bucket size (step - same step without communication, 95 % CI)",
+                      model),
+        _bucket_chart(flat, "comm_ms", None, None, "GPU time in collectives per step (slowest rank)"),
+        _memory_chart(flat, var),
     ]
-    mem = [r for r in flat if r.get("state") == "done" and isinstance(r.get("memory_per_rank"), dict)]
-    if mem:
-        labels = [_label(r, var) for r in mem]
-        parts = ("params", "grads", "optimizer_state", "other")
-        fig = go.Figure([go.Bar(name=p, x=labels, y=[r["memory_per_rank"].get(p, 0) / 2**20 for r in mem])
-                         for p in parts])
-        fig.update_layout(barmode="stack", title="Memory per rank before the optimizer step (MiB)", yaxis_title="MiB")
-        figs.append(fig)
     return [f for f in figs if f is not None]
 
 
-def allreduce_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+def allreduce_figures(rows: list[dict[str, Any]], model: dict[str, Any] | None = None) -> list[go.Figure]:
     flat = _prepare(rows)
     params = list(rows[0]["params"]) if rows else []
     var = varying(flat, params)
     series = [k for k in var if k != "size_mb"] or ["world_size"]
-    figs = [facet_lines(flat, "size_mb", "busbw_gbps", series, [], "All-reduce bus bandwidth", "GB/s"),
-            facet_lines(flat, "size_mb", "median_ms", series, [], "All-reduce latency", "ms", log_y=True)]
+    latency = facet_lines(flat, "size_mb", "median_ms", series, [], "All-reduce latency", "ms", log_y=True)
+    for ws, fit in ((model or {}).get("fits") or {}).items():
+        if latency is None:
+            break
+        sizes = sorted({r["size_mb"] for r in flat if isinstance(r.get("size_mb"), (int, float))})
+        xs = [sizes[0] * (sizes[-1] / sizes[0]) ** (i / 49) for i in range(50)] if sizes else []
+        latency.add_trace(go.Scatter(
+            x=xs, y=[fit["o_ms"] + x * 2**20 / (fit["w_gbps"] * 1e9) * 1e3 for x in xs], mode="lines",
+            line=dict(color="#333", dash="dot"),
+            name=f"fit, {ws} ranks: o = {fit['o_ms'] * 1000:.1f} us, w = {fit['w_gbps']:.1f} GB/s"))
+    figs = [facet_lines(flat, "size_mb", "busbw_gbps", series, [], "All-reduce bus bandwidth", "GB/s"), latency]
     return [f for f in figs if f is not None]
 
 
@@ -242,12 +331,14 @@ FIGURE_BUILDERS = {"attention": attention_figures, "model": model_figures, "ddp"
                    "allreduce": allreduce_figures}
 
 
-def sweep_figures(suite: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Figures for a sweep page as Plotly JSON dicts."""
+def sweep_figures(suite: str, rows: list[dict[str, Any]], model: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Figures for a sweep page as Plotly JSON dicts; `model` is the all-reduce fit the backend found
+    (comm_model in backend/service.py), drawn on the ddp and allreduce charts."""
     if not rows:
         return []
     builder = FIGURE_BUILDERS.get(suite, generic_figures)
-    return [json.loads(f.to_json()) for f in builder(rows)]
+    figs = builder(rows, model) if suite in ("ddp", "allreduce") else builder(rows)
+    return [json.loads(f.to_json()) for f in figs]
 
 
 VERDICT_COLORS = {"slower": "#d62728", "faster": "#2ca02c", "same": "#7f7f7f", "inconclusive": "#ff9f1c"}

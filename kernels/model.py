@@ -10,31 +10,13 @@ Parameter count per block: 4*d^2 (attention) + 3*d*d_ff (SwiGLU) + 2*d (norms); 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from kernels.impls import IMPL_NAMES, get_attention
-
-
-@dataclass(frozen=True)
-class ModelSize:
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-
-
-# The course's sizes (vocab 10,000, context 512 unless stated).
-MODEL_SIZES: dict[str, ModelSize] = {
-    "small": ModelSize(768, 3072, 12, 12),
-    "medium": ModelSize(1024, 4096, 24, 16),
-    "large": ModelSize(1280, 5120, 36, 20),
-    "xl": ModelSize(2560, 10240, 32, 32),
-    "10B": ModelSize(4608, 12288, 50, 36),
-}
+from kernels.names import MODEL_SIZES
 
 
 class Linear(nn.Module):

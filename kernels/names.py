@@ -1,6 +1,8 @@
-"""The names of attention implementations and dtypes, defined once and torch-free: the API validates
-sweeps with them, the suites and kernels dispatch on them."""
+"""The names of attention implementations, dtypes and model sizes, defined once and torch-free: the
+API validates sweeps with them, the suites and kernels dispatch on them."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # PyTorch's SDPA with one backend forced: FlashAttention-2, cuDNN, memory-efficient, plain math
 SDPA_BACKENDS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
@@ -24,3 +26,21 @@ def torch_dtype(name: str):
 def autocast_dtype(precision: str):
     """The autocast dtype of a precision policy: None for fp32 (no autocast)."""
     return None if precision == "fp32" else torch_dtype(precision)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+
+
+# The course's Transformer LM sizes (vocab 10,000, context 512 unless stated).
+MODEL_SIZES: dict[str, ModelSize] = {
+    "small": ModelSize(768, 3072, 12, 12),
+    "medium": ModelSize(1024, 4096, 24, 16),
+    "large": ModelSize(1280, 5120, 36, 20),
+    "xl": ModelSize(2560, 10240, 32, 32),
+    "10B": ModelSize(4608, 12288, 50, 36),
+}

@@ -21,12 +21,17 @@ bucket waits for the ones before it), and a parameter that got no gradient on th
 reduced as zeros. Parameters that got no gradient on ANY rank keep grad None, exactly as
 single-process training would leave them (one tiny all-reduce of has-grad flags per step).
 
+`with model.no_sync():` (as torch DDP's) leaves gradients local for the steps inside it: backward
+launches nothing and finish_gradient_synchronization returns at once (gradient accumulation, or the
+same step without communication when measuring what communication costs).
+
 Accounting: comm_ms is the wall time from the first collective's launch to the last one's
 completion (for the synchronous variants, the time of the collectives themselves); wait_ms is the
 time finish_gradient_synchronization blocked. On GPU both include a device synchronize.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -74,7 +79,17 @@ class _DDPBase(nn.Module):
         first = next(iter(module.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self.last_comm: dict[str, Any] = {}
+        self.sync_enabled = True
         self._reset_accounting()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside: backward keeps each rank's gradients local and nothing is communicated."""
+        before, self.sync_enabled = self.sync_enabled, False
+        try:
+            yield
+        finally:
+            self.sync_enabled = before
 
     def _reset_accounting(self) -> None:
         self._comm_s = 0.0
@@ -114,6 +129,8 @@ class _ReduceAfterBackward(_DDPBase):
     """Synchronous variants: everything happens in finish_gradient_synchronization, timed as a whole."""
 
     def finish_gradient_synchronization(self) -> None:
+        if not self.sync_enabled:
+            return
         t0 = time.perf_counter()
         grads, used = self._grads_or_zeros()
         self._reduce(grads)
@@ -218,6 +235,8 @@ class BucketedDDP(_DDPBase):
             b.work = None
 
     def _on_grad(self, p: nn.Parameter) -> None:
+        if not self.sync_enabled:
+            return
         bucket, offset = self._bucket_of[id(p)]
         self._stage(bucket, p, offset)
         bucket.ready.add(id(p))
@@ -262,6 +281,8 @@ class BucketedDDP(_DDPBase):
         self._next_launch += 1
 
     def finish_gradient_synchronization(self) -> None:
+        if not self.sync_enabled:
+            return
         t0 = time.perf_counter()
         used = [p.grad is not None for p in self.params]
         while self._next_launch < len(self.buckets):  # buckets some of whose params got no gradient

@@ -9,9 +9,13 @@ rank: per-rank state ~ 1/N. After the local step, each rank broadcasts the param
 (flattened per dtype) so all ranks hold the same updated model. The update of a parameter is the
 wrapped optimizer's own computation on the same gradient: results equal the unsharded optimizer's
 bit for bit.
+
+`with opt.no_sync():` steps only the local shard and broadcasts nothing (ranks then disagree): the
+same optimizer work without its communication, for measuring what the broadcasts cost.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterable
 
 import torch
@@ -30,6 +34,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.owner: dict[int, int] = {}  # id(param) -> rank
         self.loads = [0] * self.world_size  # elements owned per rank
         self.local: torch.optim.Optimizer | None = None
+        self.sync_enabled = True
         super().__init__(params, defaults=kwargs)  # calls add_param_group for each group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -47,6 +52,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         else:
             self.local.add_param_group(local_group)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        before, self.sync_enabled = self.sync_enabled, False
+        try:
+            yield
+        finally:
+            self.sync_enabled = before
+
     def _sync_hyperparameters(self) -> None:
         """Carry changes made to self.param_groups (an LR scheduler, say) into the local groups."""
         for full, local in zip(self.param_groups, self.local.param_groups, strict=True):
@@ -58,7 +71,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         self._sync_hyperparameters()
         loss = self.local.step(closure) if closure is not None else self.local.step()
-        self._broadcast_updated()
+        if self.sync_enabled:
+            self._broadcast_updated()
         return loss
 
     def _broadcast_updated(self) -> None:

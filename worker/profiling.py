@@ -2,6 +2,9 @@
 
 - `op_times_ms(prof, steps, on_gpu)`: time per step of each kernel (GPU: the device-side kernel
   events, self time) or each op (CPU: self CPU time, so nothing is counted twice);
+- `step_breakdown(prof, steps, on_gpu)`: per step, the time of the collectives by kind (GPU: the
+  NCCL kernels' device time; CPU: gloo's collectives, which run on gloo's own threads) and, on GPU,
+  the time at least one kernel was running (the union of kernel intervals: "GPU busy");
 - `chrome_trace(prof, keep)`: the Chrome trace as a dict, optionally kept as a file.
 """
 from __future__ import annotations
@@ -28,6 +31,48 @@ def op_times_ms(prof, steps: int, on_gpu: bool) -> dict[str, dict]:
         row["ms_per_step"] += us / 1000 / steps
         row["calls_per_step"] += evt.count // steps
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms_per_step"]))
+
+
+NCCL_KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "SendRecv", "Reduce")
+
+
+def collective_kind(name: str, on_gpu: bool) -> str | None:
+    """'AllReduce' for an NCCL kernel such as ncclDevKernel_AllReduce_Sum_bf16_RING_LL, 'all_reduce' for
+    gloo's gloo:all_reduce; None for anything that is not a collective (barriers included)."""
+    if on_gpu:
+        if "nccl" not in name.lower():
+            return None
+        return next((k for k in NCCL_KINDS if k.lower() in name.lower()), "other")
+    if name.startswith("gloo:") and name != "gloo:barrier":
+        return name.split(":", 1)[1]
+    return None
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def step_breakdown(prof, steps: int, on_gpu: bool) -> dict:
+    """{"comm_ms", "comm_by_kind_ms": {kind: ms}, "busy_ms" (GPU only, else None)}, per step."""
+    by_kind: dict[str, float] = {}
+    kernels: list[tuple[float, float]] = []
+    for evt in prof.events():
+        on_device = str(getattr(evt, "device_type", "")).split(".")[-1] == "CUDA"
+        if on_gpu != on_device:
+            continue
+        if on_device:
+            kernels.append((evt.time_range.start, evt.time_range.end))
+        kind = collective_kind(evt.name, on_gpu)
+        if kind is not None:
+            by_kind[kind] = by_kind.get(kind, 0.0) + evt.time_range.elapsed_us() / 1000 / steps
+    return {"comm_ms": sum(by_kind.values()), "comm_by_kind_ms": dict(sorted(by_kind.items())),
+            "busy_ms": _union_us(kernels) / 1000 / steps if on_gpu else None}
 
 
 def chrome_trace(prof, keep: Path | None = None) -> dict:

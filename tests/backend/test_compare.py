@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backend.compare import compare, mann_whitney_p, markdown, ratio_interval, verdict
+from backend.compare import compare, markdown, verdict
+from worker.stats import mann_whitney_p, ratio_interval
 
 
 def draws(rng, n, median, noise):

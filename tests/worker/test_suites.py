@@ -33,15 +33,63 @@ def test_model_params_validation():
     assert validate_cell("model", {"size": "xl"}).dims() == (2560, 10240, 32, 32)
 
 
-@pytest.mark.parametrize("wrapper", ["bucketed", "zero1", "fsdp", "torch_ddp"])
-def test_ddp_suite_on_cpu(tmp_path, wrapper):
-    m = run("ddp", tmp_path, wrapper=wrapper, world_size=2, d_model=32, num_layers=1, num_heads=2, d_ff=64,
-            vocab_size=128, context_length=16, batch=1, warmup=1, steps=2, device="cpu", bucket_size_mb=0.05)
-    assert m["backend"] == "gloo" and m["median_ms"] > 0 and m["overhead"] > 0
+TINY = dict(world_size=2, d_model=32, num_layers=1, num_heads=2, d_ff=64, vocab_size=128, context_length=16,
+            batch=1, device="cpu")
+
+
+@pytest.mark.parametrize("wrapper", ["none", "naive", "flat", "overlap", "bucketed", "zero1", "fsdp", "torch_ddp"])
+def test_ddp_suite_runs_every_wrapper_on_cpu(tmp_path, wrapper):
+    m = run("ddp", tmp_path, wrapper=wrapper, warmup=1, steps=6, bucket_size_mb=0.05, **TINY)
+    assert m["backend"] == "gloo" and m["median_ms"] > 0
+    # the figure per step is the slowest rank's, and both variants got every timed step
+    assert len(m["samples_ms"]) == len(m["nocomm_samples_ms"]) == 6
+    assert m["samples_ms"] == [max(a, b) for a, b in zip(*m["rank_samples_ms"], strict=True)]
+    assert m["exposed_comm_ci_low"] <= m["exposed_comm_ms"] <= m["exposed_comm_ci_high"]
+    assert m["overhead"] == pytest.approx(m["median_ms"] / m["nocomm_median_ms"])
+    assert m["gpu_busy"] is None and m["host_bound"] is False  # no GPU: nothing to be bound by
     mem = m["memory_per_rank"]
-    assert mem["params"] > 0 and mem["grads"] > 0
-    if wrapper != "torch_ddp":
-        assert m["comm_ms"] is not None and m["wait_ms"] is not None
+    assert mem["params"] > 0 and mem["grads"] > 0 and mem["other"] is None
+    if wrapper == "none":
+        assert m["comm_ms"] == 0 and m["comm_by_kind_ms"] == {}
+    else:  # gloo's collectives, timed on its own threads
+        assert m["comm_ms"] > 0 and m["comm_by_kind_ms"]
+    assert m["model"] == {"size": "custom", "d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2,
+                          "context_length": 16, "batch": 1}
+
+
+def test_ddp_variants_alternate_in_blocks():
+    """A B B A ...: the step without communication is timed between the wrapped steps, not after them."""
+    from worker.suites.ddp_rank import schedule
+
+    w, n = "wrapped", "nocomm"
+    assert schedule(12, block=5) == [w] * 5 + [n] * 5 + [n] * 5 + [w] * 5 + [w] * 2 + [n] * 2
+    assert schedule(20).count(w) == schedule(20).count(n) == 20
+
+
+def test_ddp_size_resolution():
+    p = validate_cell("ddp", {})
+    assert p.resolve("cuda")["size"] == "xl" and p.resolve("cuda")["context_length"] == 512
+    assert p.resolve("cpu") == {"size": "custom", "d_model": 512, "d_ff": 2048, "num_layers": 4, "num_heads": 8,
+                                "context_length": 128, "batch": 2}
+    assert validate_cell("ddp", {"d_model": 64, "num_heads": 4}).resolve("cuda")["d_model"] == 64
+    assert validate_cell("ddp", {"size": "small", "batch": 3}).resolve("cuda")["d_model"] == 768
+    with pytest.raises(ValidationError, match="only apply with size=custom"):
+        validate_cell("ddp", {"size": "small", "d_model": 64})
+    with pytest.raises(ValidationError, match="divisible"):
+        validate_cell("ddp", {"d_model": 100, "num_heads": 3})
+
+
+def test_memory_counts_each_storage_once():
+    import torch
+
+    from worker.suites.ddp_rank import storage_bytes
+
+    bucket = torch.zeros(100)
+    views = [bucket[:40], bucket[40:]]  # gradients that are views of one bucket
+    seen: set[int] = set()
+    assert storage_bytes(views, seen) == 400
+    assert storage_bytes([bucket], seen) == 0  # already counted
+    assert storage_bytes([torch.zeros(10), None], seen) == 40
 
 
 def test_zero1_holds_about_half_the_optimizer_state(tmp_path):
@@ -55,6 +103,7 @@ def test_zero1_holds_about_half_the_optimizer_state(tmp_path):
 def test_allreduce_suite_on_cpu(tmp_path):
     m = run("allreduce", tmp_path, size_mb=1.0, world_size=2, warmup=1, repeats=3, device="cpu")
     assert m["bytes"] == 2**20 and m["backend"] == "gloo"
+    assert m["samples_ms"] == [max(a, b) for a, b in zip(*m["rank_samples_ms"], strict=True)]
     assert m["busbw_gbps"] == pytest.approx(m["algbw_gbps"] * 2 * (2 - 1) / 2)
 
 

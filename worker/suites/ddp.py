@@ -1,9 +1,18 @@
-"""The `ddp` suite: a data-parallel training step under each wrapper, on N ranks.
+"""The `ddp` suite: a data-parallel training step under each wrapper, on N ranks, timed on the GPU.
 
-Reports step time (median over steps, rank 0), time inside collectives and waiting in
-finish_gradient_synchronization, overhead = step time / the same step without communication,
-and memory per rank (parameters, gradients, optimizer state, the rest) after construction,
-before the optimizer step and after it. The model is the CS336 Transformer LM at the given dims.
+Each rank (worker/suites/ddp_rank.py) times the wrapped step and the same step without
+communication in alternating blocks, with CUDA events. Per step the figure is the slowest rank's
+(ranks are aligned by a barrier before every step); per-rank samples are kept. From them:
+
+  exposed_comm_ms = median(step) - median(nocomm step), with a 95 % bootstrap interval
+  overhead        = median(step) / median(nocomm step), likewise
+  comm_ms         = GPU time of the collectives per step (NCCL kernels; gloo's on CPU), slowest rank
+  gpu_busy        = time a kernel was running / step time; below HOST_BOUND the cell is host-bound:
+                    the host's launching, not the GPU's work, sets its pace, and its figures are not
+                    a measure of the wrapper
+
+Memory per rank (parameters, gradients, optimizer state, the rest; each storage counted once) after
+construction, before the optimizer step and after it.
 """
 from __future__ import annotations
 
@@ -11,61 +20,109 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from kernels.names import MODEL_ATTENTION_IMPLS, MODEL_SIZES
 from parallel.names import WRAPPER_NAMES
 from worker.suites.common import Device, NonNegative, Positive, SuiteParams
 
 DESCRIPTION = "Data-parallel training step: naive/flat/overlapped/bucketed DDP, torch DDP, ZeRO-1, FSDP on N ranks"
+
+HOST_BOUND = 0.8  # GPU busy below this fraction of the step: the cell is host-bound
+CPU_DIMS = {"d_model": 512, "d_ff": 2048, "num_layers": 4, "num_heads": 8}  # size=auto on CPU
+GPU_SIZE = "xl"  # size=auto on a GPU: big enough that the GPUs, not the host, set the pace
+DEFAULT_CONTEXT = {"cpu": 128, "cuda": 512}
+DEFAULT_BATCH = {"cpu": 2, "cuda": 4}
 
 
 class Params(SuiteParams):
     wrapper: Literal[WRAPPER_NAMES] = "bucketed"
     bucket_size_mb: float = Field(25.0, gt=0, le=10_000, description="bucketed, torch_ddp and zero1")
     world_size: Positive = 2
-    d_model: Positive = 512
-    num_layers: Positive = 4
-    num_heads: Positive = 8
-    d_ff: Positive = 2048
+    size: Literal[("auto", *MODEL_SIZES, "custom")] = Field(
+        "auto", description=f"auto: {GPU_SIZE} on GPUs; on CPU the custom dims (default "
+                            f"d_model {CPU_DIMS['d_model']}, {CPU_DIMS['num_layers']} layers)")
+    d_model: Positive | None = Field(None, description="with size=custom (or auto on CPU)")
+    num_layers: Positive | None = Field(None, description="with size=custom (or auto on CPU)")
+    num_heads: Positive | None = Field(None, description="with size=custom (or auto on CPU)")
+    d_ff: Positive | None = Field(None, description="with size=custom (or auto on CPU)")
     vocab_size: Positive = 10_000
-    context_length: Positive = 128
-    batch: Positive = Field(2, description="sequences per rank")
+    context_length: Positive | None = Field(None, description="default: 512 on GPUs, 128 on CPU")
+    batch: Positive | None = Field(None, description="sequences per rank; default: 4 on GPUs, 2 on CPU")
     precision: Literal["fp32", "bf16"] = "fp32"
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    warmup: NonNegative = 2
-    steps: Positive = 5
+    attention: Literal[MODEL_ATTENTION_IMPLS] = "sdpa"
+    warmup: NonNegative = Field(2, description="untimed steps of each variant")
+    steps: Positive = Field(20, description="timed steps of each variant")
     device: Device = "auto"
     threads_per_rank: NonNegative = Field(0, description="CPU only: torch threads per rank (0: torch's default)")
 
     @model_validator(mode="after")
-    def _heads_divide(self):
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model {self.d_model} must be divisible by num_heads {self.num_heads}")
+    def _dims(self):
+        given = {k: getattr(self, k) for k in CPU_DIMS if getattr(self, k) is not None}
+        if given and self.size not in ("auto", "custom"):
+            raise ValueError(f"{', '.join(given)} only apply with size=custom (size is {self.size!r})")
+        d_model, heads = given.get("d_model", CPU_DIMS["d_model"]), given.get("num_heads", CPU_DIMS["num_heads"])
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} must be divisible by num_heads {heads}")
         return self
+
+    def resolve(self, device: str) -> dict:
+        """The cell's model and batch on `device` ('cpu' or 'cuda'): dims, context, batch."""
+        given = {k: getattr(self, k) for k in CPU_DIMS if getattr(self, k) is not None}
+        size = self.size
+        if size == "auto":
+            size = "custom" if device == "cpu" or given else GPU_SIZE
+        dims = {**CPU_DIMS, **given} if size == "custom" else vars(MODEL_SIZES[size]).copy()
+        return {**dims, "size": size, "context_length": self.context_length or DEFAULT_CONTEXT[device],
+                "batch": self.batch or DEFAULT_BATCH[device]}
+
+
+def _slowest(per_rank: list[list[float]]) -> list[float]:
+    """Step i's figure: the slowest rank's time for step i (steps are barrier-aligned)."""
+    return [max(step) for step in zip(*per_rank, strict=True)]
 
 
 def run(p: Params, ctx) -> dict:
-    from parallel.bench import train_step_rank
     from parallel.launch import launch
-    from worker.harness import Timing, resolve_rank_device
+    from worker.harness import Timing, require_runnable_attention, resolve_rank_device
+    from worker.stats import difference_interval, ratio_interval
+    from worker.suites.ddp_rank import train_step_rank
 
     device = resolve_rank_device(p.device, p.world_size)
-    cfg = {**p.model_dump(), "device": device, "attention": "sdpa"}
-    ctx.progress(f"launching {p.world_size} ranks ({device})")
-    per_rank = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
-    r0 = per_rank[0]
-    t, base = Timing.from_samples(r0["samples_ms"]), Timing.from_samples(r0["nocomm_samples_ms"])
-    median = lambda xs: Timing.from_samples(xs).median_ms if xs else None  # noqa: E731 (a one-line summary helper)
-    mem = r0["memory"]
+    require_runnable_attention(p.attention, device)
+    model = p.resolve(device)
+    cfg = {**p.model_dump(), **model, "device": device}
+    ctx.progress(f"launching {p.world_size} ranks ({device}, {model['size']} model)")
+    ranks = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
+
+    step = _slowest([r["samples_ms"] for r in ranks])
+    nocomm = _slowest([r["nocomm_samples_ms"] for r in ranks])
+    t, base = Timing.from_samples(step), Timing.from_samples(nocomm)
+    exposed, exposed_lo, exposed_hi = difference_interval(nocomm, step)
+    overhead, overhead_lo, overhead_hi = ratio_interval(nocomm, step)
+    slowest_comm = max(ranks, key=lambda r: r["comm_ms"])
+    busy = [r["busy_ms"] for r in ranks if r["busy_ms"] is not None]
+    gpu_busy = min(busy) / t.median_ms if busy else None
+    r0 = ranks[0]
     return {
         **t.as_dict(),
-        "slowest_rank_median_ms": max(Timing.from_samples(r["samples_ms"]).median_ms for r in per_rank),
-        "nocomm_median_ms": base.median_ms,
-        "overhead": t.median_ms / base.median_ms,
-        "comm_ms": median(r0["comm_samples_ms"]),
-        "wait_ms": median(r0["wait_samples_ms"]),
-        "memory_per_rank": mem.get("before_step"),
-        "memory_after_construction": mem.get("after_construction"),
-        "memory_after_step": mem.get("after_step"),
-        "peak_mem_bytes": r0["peak_mem_bytes"],
+        "rank_samples_ms": [r["samples_ms"] for r in ranks],
+        **base.as_dict("nocomm_"),
+        "nocomm_rank_samples_ms": [r["nocomm_samples_ms"] for r in ranks],
+        "exposed_comm_ms": exposed, "exposed_comm_ci_low": exposed_lo, "exposed_comm_ci_high": exposed_hi,
+        "overhead": overhead, "overhead_ci_low": overhead_lo, "overhead_ci_high": overhead_hi,
+        "comm_ms": slowest_comm["comm_ms"],
+        "comm_by_kind_ms": slowest_comm["comm_by_kind_ms"],
+        "gpu_busy": gpu_busy,
+        "host_bound": gpu_busy is not None and gpu_busy < HOST_BOUND,
+        "memory_per_rank": r0["memory"].get("before_step"),
+        "memory_after_construction": r0["memory"].get("after_construction"),
+        "memory_after_step": r0["memory"].get("after_step"),
+        "memory_by_rank": [r["memory"] for r in ranks],
+        "peak_mem_bytes": max((r["peak_mem_bytes"] for r in ranks if r["peak_mem_bytes"] is not None), default=None),
+        "params_total": r0["params_total"],
+        "grad_bytes": r0["grad_bytes"],
+        "buckets": r0["buckets"],
+        "model": model,
         "backend": r0["backend"],
         "world_size": p.world_size,
     }

@@ -14,13 +14,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kernels.names import MODEL_ATTENTION_IMPLS
+from kernels.names import MODEL_ATTENTION_IMPLS, MODEL_SIZES
 from kernels.names import autocast_dtype as autocast_dtype_of
 from worker.suites.common import Device, NonNegative, Positive, SuiteParams
 
 DESCRIPTION = "CS336 Transformer LM: forward / backward / training step across sizes, precision, compile, checkpointing"
 
-Size = Literal["small", "medium", "large", "xl", "10B", "custom"]
+Size = Literal[(*MODEL_SIZES, "custom")]
 Scope = Literal["fwd", "fwd_bwd", "step"]
 
 
@@ -62,8 +62,6 @@ class Params(SuiteParams):
         """(d_model, d_ff, num_layers, num_heads)."""
         if self.size == "custom":
             return self.d_model, self.d_ff, self.num_layers, self.num_heads  # type: ignore[return-value]
-        from kernels.model import MODEL_SIZES  # torch import, only when running
-
         s = MODEL_SIZES[self.size]
         return s.d_model, s.d_ff, s.num_layers, s.num_heads
 

@@ -1,0 +1,50 @@
+"""Figure builders on plain rows (the browser tests draw them; these check what they contain)."""
+from __future__ import annotations
+
+from frontend.charts import sweep_figures
+
+
+def ddp_row(wrapper, bucket, median, host_bound=False, other=None):
+    split = {"params": 4 << 20, "grads": 4 << 20, "optimizer_state": 8 << 20, "other": other}
+    return {"params": {"wrapper": wrapper, "bucket_size_mb": bucket}, "state": "done", "job_id": 1, "error": None,
+            "metrics": {"median_ms": median, "p20_ms": median * 0.98, "p80_ms": median * 1.02,
+                        "exposed_comm_ms": median - 10, "exposed_comm_ci_low": median - 11,
+                        "exposed_comm_ci_high": median - 9, "comm_ms": 3.0, "buckets": 7,
+                        "gpu_busy": 0.38 if host_bound else 0.97, "host_bound": host_bound,
+                        "memory_by_rank": [{"after_construction": split, "before_step": split,
+                                            "after_step": split}] * 2}}
+
+
+def test_bucket_chart_has_reference_lines_the_fitted_curve_and_host_bound_marks():
+    rows = [ddp_row("bucketed", b, 20 + b / 100) for b in (1, 10, 100)]
+    rows += [ddp_row("naive", 1, 30), ddp_row("overlap", 1, 25, host_bound=True)]
+    model = {"sweep_id": 9, "o_ms": 0.03, "w_gbps": 300.0, "grad_bytes": 1e9, "best_bucket_mb": 95.0,
+             "curve": {"bucket_mb": [1, 10, 100], "buckets": [954, 96, 10], "exposed_ms": [30, 3.4, 3.6]}}
+    figs = sweep_figures("ddp", rows, model)
+    step, exposed = figs[0], figs[1]
+    names = [t["name"] for t in step["data"]]
+    assert "bucketed" in names and "naive" in names
+    assert any(n.startswith("overlap host-bound: 38 % GPU busy") for n in names)
+    ref = next(t for t in step["data"] if t["name"] == "naive")
+    assert ref["line"]["dash"] == "dash" and ref["y"] == [30, 30]
+    curve = next(t for t in exposed["data"] if t["name"].startswith("model"))
+    assert curve["y"] == [30, 3.4, 3.6]
+    assert "sweep #9" in exposed["layout"]["title"]["text"]
+    assert any("predicted best 95" in a["text"] for a in exposed["layout"]["annotations"])
+    assert step["layout"]["xaxis"]["type"] == "log"
+
+
+def test_cpu_rows_without_other_memory_still_draw():
+    """On CPU `other` is None (no allocator to ask): the memory bars count it as 0, not an error."""
+    figs = sweep_figures("ddp", [ddp_row("bucketed", 1, 20, other=None), ddp_row("bucketed", 10, 21, other=None)])
+    mem = next(f for f in figs if "Memory" in f["layout"]["title"]["text"])
+    other = next(t for t in mem["data"] if t["name"] == "other")
+    assert other["y"] == [0] * 12  # 2 cells x 2 ranks x 3 stages
+
+
+def test_allreduce_latency_chart_draws_each_fit():
+    rows = [{"params": {"size_mb": s, "world_size": 2}, "state": "done", "job_id": i, "error": None,
+             "metrics": {"median_ms": 0.02 + s / 300, "busbw_gbps": 100.0}} for i, s in enumerate((1, 16, 256))]
+    figs = sweep_figures("allreduce", rows, {"fits": {"2": {"o_ms": 0.02, "w_gbps": 314.6}}})
+    latency = figs[1]
+    assert any(t["name"].startswith("fit, 2 ranks: o = 20.0 us, w = 314.6 GB/s") for t in latency["data"])

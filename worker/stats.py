@@ -1,0 +1,68 @@
+"""Statistics on raw timing samples, torch-free: the comparison engine (backend/compare.py) and the
+suites that contrast two variants measured in one process (worker/suites/ddp.py) use them.
+
+- `ratio_interval(a, b)`: median(b) / median(a) with a percentile-bootstrap interval;
+- `difference_interval(a, b)`: median(b) - median(a), the same way;
+- `mann_whitney_p(a, b)`: two-sided Mann-Whitney U p-value.
+Bootstraps draw each side with replacement, `resamples` times, from a seeded generator.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _bootstrap_medians(a: list[float], b: list[float], resamples: int, seed: int):
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(xa) == 0 or len(xb) == 0:
+        raise ValueError("both sides need at least one sample")
+    rng = np.random.default_rng(seed)
+    ma = np.median(xa[rng.integers(0, len(xa), (resamples, len(xa)))], axis=1)
+    mb = np.median(xb[rng.integers(0, len(xb), (resamples, len(xb)))], axis=1)
+    return float(np.median(xa)), float(np.median(xb)), ma, mb
+
+
+def _percentiles(draws, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(draws, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def ratio_interval(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> tuple[float, float, float]:
+    """(median(b) / median(a), low, high) with a percentile bootstrap interval at `level`."""
+    med_a, med_b, ma, mb = _bootstrap_medians(a, b, resamples, seed)
+    return (med_b / med_a, *_percentiles(mb / ma, level))
+
+
+def difference_interval(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float, float]:
+    """(median(b) - median(a), low, high) with a percentile bootstrap interval at `level`."""
+    med_a, med_b, ma, mb = _bootstrap_medians(a, b, resamples, seed)
+    return (med_b - med_a, *_percentiles(mb - ma, level))
+
+
+def mann_whitney_p(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie-corrected)."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n1, n2 = len(xa), len(xb)
+    both = np.concatenate([xa, xb])
+    order = both.argsort(kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_vals = both[order]
+    i = 0
+    while i < len(both):  # average ranks over ties
+        j = i
+        while j + 1 < len(both) and sorted_vals[j + 1] == sorted_vals[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    mu = n1 * n2 / 2
+    _, counts = np.unique(both, return_counts=True)
+    n = n1 + n2
+    sigma2 = n1 * n2 / 12 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
+    if sigma2 <= 0:
+        return 1.0
+    z = (abs(u1 - mu) - 0.5) / math.sqrt(sigma2)
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
