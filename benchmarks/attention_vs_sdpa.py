@@ -105,11 +105,7 @@ def tuned_configs() -> dict:
     """The tile configs the autotuner picked, per kernel and key, for the tuning notes."""
     from kernels import flash_triton as ft
 
-    out = {}
-    for name, tuner in (("fwd", ft._fwd_tuned), ("dkdv", ft._dkdv_tuned), ("dq", ft._dq_tuned)):
-        out[name] = {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()}
-    return out
-
+    return ft.autotuned_configs()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import flash_triton as ft
     from kernels.flops import attention_flops
     from kernels.names import torch_dtype
-    from worker.harness import _L2Flusher, fingerprint, measure
+    from worker.harness import L2Flusher, fingerprint, measure
 
     shape = tuple(int(x) for x in args.shape.split(","))
     dtype = torch_dtype(args.dtype)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     timed = measure(fwd_bwd, warmup=5, repeats=args.repeats, device="cuda", setup=clear)
     report["event_ms"] = {"median": timed.median_ms, "p20": timed.p20_ms, "p80": timed.p80_ms}
 
-    flush = _L2Flusher("cuda")
+    flush = L2Flusher("cuda")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.iters):

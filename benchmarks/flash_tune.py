@@ -54,18 +54,16 @@ def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str)
     q, k, v, do = _inputs(shape, dtype_name)
     pins = dict(base)
     if cfg is not None:
-        pins[kernel] = ft._cfg(*cfg)
+        pins[kernel] = ft.make_config(*cfg)
+    options = ft.LaunchOptions(pinned=pins)
     if kernel == "fwd":
         def run():
-            with ft.pinned_configs(**pins):
-                ft.flash_attention_forward(q, k, v, causal)
+            ft.flash_attention_forward(q, k, v, causal, options=options)
         return run
-    with ft.pinned_configs(**{n: c for n, c in pins.items() if n == "fwd"}):
-        o, lse = ft.flash_attention_forward(q, k, v, causal)
+    o, lse = ft.flash_attention_forward(q, k, v, causal, options=options)
 
     def run():
-        with ft.pinned_configs(**pins):
-            ft.flash_attention_backward(q, k, v, o, lse, do, causal)
+        ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=options)
     return run
 
 
@@ -134,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = []
     for k in kernels:
         for cfg in space(k):
-            if ft._smem_estimate(ft._cfg(*cfg), d, elem, k) <= ft.SMEM_BUDGET:
+            if ft.smem_estimate(ft.make_config(*cfg), d, elem, k) <= ft.SMEM_BUDGET:
                 jobs.append((k, cfg, shape, args.causal, args.dtype))
     print(f"{len(jobs)} configs to compile with {args.jobs} processes", flush=True)
 
@@ -183,40 +181,39 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
 
         # the winners together, against the shipped autotuned path, in both grid orders
-        pins = {k: ft._cfg(*c) for k, (_, c) in best.items()}
+        pins = {k: ft.make_config(*c) for k, (_, c) in best.items()}
         q, k_, v, do = _inputs(shape, args.dtype)
         for q_ in (q, k_, v):
             q_.requires_grad_(True)
 
-        def fwd_bwd():
+        def fwd_bwd(options):
             q.grad = k_.grad = v.grad = None
-            ft.FlashAttentionTriton.apply(q, k_, v, args.causal).backward(do)
+            ft.FlashAttentionTriton.apply(q, k_, v, args.causal, "tf32", options).backward(do)
 
         for label, ctx_pins in (("best_pinned", pins), ("autotuned", {})):
             for tile_major in (True, False):
-                ft.TILE_MAJOR = tile_major
-                with ft.pinned_configs(**ctx_pins):
-                    t = measure(fwd_bwd, warmup=3, repeats=args.repeats * 2, device="cuda")
+                options = ft.LaunchOptions(tile_major=tile_major, pinned=ctx_pins)
+                t = measure(lambda o=options: fwd_bwd(o), warmup=3, repeats=args.repeats * 2, device="cuda")
                 row = {"kind": "total", "label": label, "tile_major": tile_major, "fwd_bwd_ms": t.median_ms,
                        "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
                        "tflops": flops["fwd_bwd"] / (t.median_ms * 1e-3) / 1e12,
                        "pins": {n: list(c) for n, (_, c) in best.items()} if ctx_pins else None}
                 f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
-        ft.TILE_MAJOR = None
 
         # where the forward+backward time goes with the winners pinned: each pass alone, and the
         # kernels' device time inside the timed loop (the rest of the wall time is launch gaps)
-        with ft.pinned_configs(**pins):
-            t_fwd = measure(lambda: ft.flash_attention_forward(q.detach(), k_.detach(), v.detach(), args.causal),
-                            warmup=3, repeats=args.repeats, device="cuda")
-            o, lse = ft.flash_attention_forward(q.detach(), k_.detach(), v.detach(), args.causal)
-            t_bwd = measure(lambda: ft.flash_attention_backward(q.detach(), k_.detach(), v.detach(), o, lse, do,
-                                                                args.causal),
-                            warmup=3, repeats=args.repeats, device="cuda")
-            kernels_ms = _kernel_times(fwd_bwd, iters=10)
-            t_noflush = measure(fwd_bwd, warmup=3, repeats=args.repeats, device="cuda", flush_l2=False)
-            loop_ms, host_ms = _loop_and_host_ms(fwd_bwd, iters=args.repeats)
+        best_opts = ft.LaunchOptions(pinned=pins)
+        qd, kd, vd = q.detach(), k_.detach(), v.detach()
+        t_fwd = measure(lambda: ft.flash_attention_forward(qd, kd, vd, args.causal, options=best_opts),
+                        warmup=3, repeats=args.repeats, device="cuda")
+        o, lse = ft.flash_attention_forward(qd, kd, vd, args.causal, options=best_opts)
+        t_bwd = measure(lambda: ft.flash_attention_backward(qd, kd, vd, o, lse, do, args.causal, options=best_opts),
+                        warmup=3, repeats=args.repeats, device="cuda")
+        pinned_fwd_bwd = lambda: fwd_bwd(best_opts)  # noqa: E731 (a one-line closure over the winners)
+        kernels_ms = _kernel_times(pinned_fwd_bwd, iters=10)
+        t_noflush = measure(pinned_fwd_bwd, warmup=3, repeats=args.repeats, device="cuda", flush_l2=False)
+        loop_ms, host_ms = _loop_and_host_ms(pinned_fwd_bwd, iters=args.repeats)
         row = {"kind": "parts", "fwd_ms": t_fwd.median_ms, "bwd_ms": t_bwd.median_ms, "kernels_ms_per_iter": kernels_ms,
                "kernels_sum_ms": sum(kernels_ms.values()), "fwd_bwd_no_l2_flush_ms": t_noflush.median_ms,
                "fwd_bwd_back_to_back_ms": loop_ms, "fwd_bwd_host_ms": host_ms}

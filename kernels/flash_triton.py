@@ -23,8 +23,9 @@ HBM traffic per query tile pass, i.e. arithmetic intensity ~ BLOCK_M FLOP/byte: 
 """
 from __future__ import annotations
 
-import contextlib
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -411,7 +412,8 @@ _EVEN_HEURISTICS = {
 _KEY = ["HEAD_DIM", "IS_CAUSAL", "seq_bucket", "INPUT_PRECISION"]
 
 
-def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+def make_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+    """A tile config: BLOCK_M x BLOCK_N tiles, `warps` warps, `stages` pipeline stages."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
@@ -419,17 +421,17 @@ def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
 # (benchmarks/flash_tune.py, docs/results/h200/flash_tune_*.jsonl); the next ones are the
 # d=128 winners and the configs autotuning picked on the main grid before that search, plus small
 # tiles for short sequences and small head dims. At most 7 per kernel: a cold key tunes in seconds.
-FWD_CONFIGS = [_cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(256, 64, 8, 3), _cfg(128, 64, 4, 3),
-               _cfg(128, 128, 8, 3), _cfg(64, 32, 4, 2)]
-DKDV_CONFIGS = [_cfg(32, 64, 4, 3), _cfg(64, 128, 8, 4), _cfg(64, 128, 8, 3), _cfg(32, 128, 4, 3),
-                _cfg(32, 128, 4, 4), _cfg(64, 64, 4, 2), _cfg(16, 64, 4, 2)]
-DQ_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 32, 8, 3), _cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3),
-              _cfg(64, 32, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 16, 4, 2)]
+FWD_CONFIGS = [make_config(*c) for c in ((128, 64, 8, 3), (64, 64, 4, 3), (256, 64, 8, 3), (128, 64, 4, 3),
+                                            (128, 128, 8, 3), (64, 32, 4, 2))]
+DKDV_CONFIGS = [make_config(*c) for c in ((32, 64, 4, 3), (64, 128, 8, 4), (64, 128, 8, 3), (32, 128, 4, 3),
+                                             (32, 128, 4, 4), (64, 64, 4, 2), (16, 64, 4, 2))]
+DQ_CONFIGS = [make_config(*c) for c in ((128, 64, 4, 3), (128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 3),
+                                           (64, 32, 4, 3), (64, 64, 4, 2), (64, 16, 4, 2))]
 
 SMEM_BUDGET = 200 * 1024  # bytes; the H100/H200 give a block up to 227 KiB of shared memory
 
 
-def _smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> int:
+def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> int:
     """Shared memory a config stages: the resident tile plus `num_stages` copies of the streamed pair.
 
     fwd / dq keep a (BLOCK_M, d) query tile (dq also dO) and stream K, V tiles (BLOCK_N, d);
@@ -448,10 +450,10 @@ def _pruner(kernel: str):
     def prune(configs, named_args, **kwargs):
         head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
         elem = named_args["Q"].element_size()
-        fit = [c for c in configs if _smem_estimate(c, head_dim, elem, kernel) <= SMEM_BUDGET]
+        fit = [c for c in configs if smem_estimate(c, head_dim, elem, kernel) <= SMEM_BUDGET]
         if fit:
             return fit
-        return [min(configs, key=lambda c: _smem_estimate(c, head_dim, elem, kernel))]
+        return [min(configs, key=lambda c: smem_estimate(c, head_dim, elem, kernel))]
     return prune
 
 
@@ -517,62 +519,68 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
     return fp32_precision if dtype == torch.float32 else "ieee"
 
 
-# Set to False to skip autotuning on GPU (each kernel then takes the first config of its space that
-# fits in shared memory): much faster cold starts, e.g. for a test matrix of many shapes.
-AUTOTUNE = True
-# Grid order (see _program_ids). None picks per call (_tile_major); True / False force one order.
-TILE_MAJOR: bool | None = None
 # Tile-major order runs every (z, h) at once, so the K and V of all heads compete for the L2 (50 MB
 # on the H100/H200). Measured on the H200: causal (16, 16384, 64), 64 MiB of K+V, ran 3-7% faster
 # tile-major; on the main grid's shapes, 128 MiB of K+V, the forward ran up to 28% slower with it
 # (same or more configs to pick from). Non-causal tiles are all equal work, so order can only cost
 # locality there. The threshold sits between the two measured footprints.
 TILE_MAJOR_MAX_KV_BYTES = 96 * 2**20
-_PINNED: dict[str, triton.Config] = {}
+KERNELS = ("fwd", "dkdv", "dq")
 
 
-@contextlib.contextmanager
-def pinned_configs(**configs: triton.Config):
-    """Run the named kernels (fwd, dkdv, dq) with a fixed config instead of autotuning (GPU only).
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How the launchers choose tiles and grid order (GPU; the interpreter always takes CPU_CONFIG).
 
-    Used by the tuning benchmark to time one config at a time; a config that does not fit in
-    shared memory fails at launch.
+    autotune    False: each kernel takes the first config of its space that fits in shared memory
+                (much faster cold starts, e.g. for a test matrix of many shapes)
+    tile_major  grid order (see _program_ids); None picks per call (_tile_major)
+    pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
+                does not fit in shared memory fails at launch
     """
-    unknown = set(configs) - {"fwd", "dkdv", "dq"}
-    if unknown:
-        raise ValueError(f"unknown kernel(s) {sorted(unknown)}; expected fwd, dkdv, dq")
-    saved = dict(_PINNED)
-    _PINNED.update(configs)
-    try:
-        yield
-    finally:
-        _PINNED.clear()
-        _PINNED.update(saved)
+
+    autotune: bool = True
+    tile_major: bool | None = None
+    pinned: Mapping[str, triton.Config] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = set(self.pinned) - set(KERNELS)
+        if unknown:
+            raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(KERNELS)}")
 
 
-def _launch_config(kernel_tuned, kernel_fixed, which: str, q: torch.Tensor, head_dim: int):
+DEFAULT_OPTIONS = LaunchOptions()
+_SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
+_TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned}
+
+
+def autotuned_configs() -> dict[str, dict[str, str]]:
+    """The configs the autotuner picked in this process, per kernel and key (for tuning notes)."""
+    return {name: {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()} for name, tuner in _TUNED.items()}
+
+
+def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, options: LaunchOptions):
     """On GPU, the pinned config, else the autotuned kernel (or the first fitting config);
     on CPU (the interpreter), a small fixed tile."""
     if q.device.type == "cuda":
-        cfg = _PINNED.get(which)
-        if cfg is None and AUTOTUNE:
-            return kernel_tuned, {}
+        cfg = options.pinned.get(which)
+        if cfg is None and options.autotune:
+            return _TUNED[which], {}
         if cfg is None:
-            space = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[which]
-            cfg = _pruner(which)(space, {"Q": q}, HEAD_DIM=head_dim)[0]
+            cfg = _pruner(which)(_SPACES[which], {"Q": q}, HEAD_DIM=head_dim)[0]
         return kernel_fixed, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     bm, bn = CPU_CONFIG[which]
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
 
 
-def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Grid order for one call: TILE_MAJOR if forced, else tile-major for causal calls whose K and V fit
+def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool | None = None) -> bool:
+    """Grid order for one call: `forced` if given, else tile-major for causal calls whose K and V fit
     the L2-scale budget TILE_MAJOR_MAX_KV_BYTES. More than 65535 (z, h) pairs do not fit grid axis 1,
     so those calls are always tile-major."""
     if math.prod(k.shape[:-2]) > 65535:
         return True
-    if TILE_MAJOR is not None:
-        return bool(TILE_MAJOR)
+    if forced is not None:
+        return bool(forced)
     return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
 
 
@@ -585,7 +593,7 @@ def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                             fp32_precision: str = "tf32", out: torch.Tensor | None = None,
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+                            options: LaunchOptions = DEFAULT_OPTIONS) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel. Returns (O shaped like q, L shaped q.shape[:-1], fp32).
 
     `out`, if given, is written in place (it must be contiguous, shaped and typed like q).
@@ -607,8 +615,8 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
     block_d = max(16, triton.next_power_of_2(d))
-    kernel, fixed = _launch_config(_fwd_tuned, _fwd, "fwd", q, d)
-    tile_major = _tile_major(is_causal, k, v)
+    kernel, fixed = _launch_config(_fwd, "fwd", q, d, options)
+    tile_major = _tile_major(is_causal, k, v, options.tile_major)
     kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](q4, k4, v4, o4, lse,
                  *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
                  H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)),
@@ -617,8 +625,9 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return out, lse
 
 
-def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False,
-                             fp32_precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
+                             options: LaunchOptions = DEFAULT_OPTIONS,
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the three backward kernels. Returns (dQ, dK, dV) shaped and typed like q, k, v."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, o4, do4 = (_as_zhnd(t) for t in (q, k, v, out, grad_out.to(q.dtype)))
@@ -640,8 +649,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
         o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
 
-    kernel, fixed = _launch_config(_dkdv_tuned, _dkdv, "dkdv", q, d)
-    tile_major = _tile_major(is_causal, k, v)
+    kernel, fixed = _launch_config(_dkdv, "dkdv", q, d, options)
+    tile_major = _tile_major(is_causal, k, v, options.tile_major)
     kernel[_grid(n_k, "BLOCK_N", Z * H, tile_major)](
         q4, k4, v4, do4, lse, delta, dk4, dv4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
@@ -649,7 +658,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
         IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
         TILE_MAJOR=tile_major, **fixed)
 
-    kernel, fixed = _launch_config(_dq_tuned, _dq, "dq", q, d)
+    kernel, fixed = _launch_config(_dq, "dq", q, d, options)
     kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](
         q4, k4, v4, do4, lse, delta, dq4,
         *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dq4),
@@ -663,28 +672,31 @@ class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 forward and backward in Triton. `.apply(q, k, v, is_causal=False)`.
 
     fp32 inputs use TF32 tensor-core dot products by default; pass fp32_precision="ieee" as a
-    fifth argument for full-fp32 products.
+    fifth argument for full-fp32 products. A sixth, LaunchOptions, sets tiles and grid order.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, fp32_precision="tf32"):
-        out, lse = flash_attention_forward(q, k, v, bool(is_causal), fp32_precision)
+    def forward(ctx, q, k, v, is_causal=False, fp32_precision="tf32", options=None):
+        options = options or DEFAULT_OPTIONS
+        out, lse = flash_attention_forward(q, k, v, bool(is_causal), fp32_precision, options=options)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = bool(is_causal)
         ctx.fp32_precision = fp32_precision
+        ctx.options = options
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         lse, q, k, v, out = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.fp32_precision)
-        return dq, dk, dv, None, None
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.fp32_precision,
+                                              ctx.options)
+        return dq, dk, dv, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                    fp32_precision: str = "tf32") -> torch.Tensor:
+                    fp32_precision: str = "tf32", options: LaunchOptions | None = None) -> torch.Tensor:
     """Functional form of FlashAttentionTriton."""
-    return FlashAttentionTriton.apply(q, k, v, is_causal, fp32_precision)
+    return FlashAttentionTriton.apply(q, k, v, is_causal, fp32_precision, options)
 
 
 def triton_interpreted() -> bool:

@@ -65,7 +65,7 @@ def quantile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-class _L2Flusher:
+class L2Flusher:
     """Writes a buffer larger than the L2 between CUDA samples so each starts cold, as do_bench does."""
 
     def __init__(self, device):
@@ -91,7 +91,7 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
         fn()
     if is_cuda:
         torch.cuda.synchronize()
-        flush = _L2Flusher(device) if flush_l2 else None
+        flush = L2Flusher(device) if flush_l2 else None
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         for i in range(repeats):

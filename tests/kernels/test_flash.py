@@ -48,6 +48,17 @@ def _run(impl, q, k, v, do, causal, dtype, prep=None):
     return out.detach(), saved, qi.grad, ki.grad, vi.grad
 
 
+class with_options:  # noqa: N801 (stands where an autograd Function class is passed)
+    """FlashAttentionTriton with launch options: `.apply(q, k, v, causal)` like the Function itself."""
+
+    def __init__(self, options):
+        self.options = options
+        self.__name__ = f"FlashAttentionTriton({options})"
+
+    def apply(self, q, k, v, is_causal=False):
+        return FlashAttentionTriton.apply(q, k, v, is_causal, "tf32", self.options)
+
+
 def _check(impl, shape_q, shape_k, causal, dtype, scale=1.0, prep=None):
     q, k, v, do = _inputs(shape_q, shape_k, scale)
     ref_o, ref_l, ref_dq, ref_dk, ref_dv = _reference(q, k, v, do, causal)
@@ -137,15 +148,15 @@ def test_bad_inputs_are_named(bad, msg):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_grid_order_does_not_change_results(monkeypatch, causal):
+def test_grid_order_does_not_change_results(causal):
     # tile-major and head-major grids visit the same tiles; every output and gradient is bit-identical
     import kernels.flash_triton as ft
 
     q, k, v, do = _inputs((2, 3, 45, 16), (2, 3, 45, 16))
     results = []
     for tile_major in (True, False):
-        monkeypatch.setattr(ft, "TILE_MAJOR", tile_major)
-        results.append(_run(FlashAttentionTriton, q, k, v, do, causal, torch.float32))
+        results.append(_run(with_options(ft.LaunchOptions(tile_major=tile_major)), q, k, v, do, causal,
+                            torch.float32))
     for a, b in zip(results[0], results[1], strict=True):
         for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
             assert torch.equal(x, y)
@@ -157,35 +168,34 @@ def test_grid_order_policy():
     def kv(n):  # meta tensors: sizes without memory
         return torch.empty(16, n, 64, dtype=torch.bfloat16, device="meta")
 
-    assert ft.TILE_MAJOR is None
+    assert ft.DEFAULT_OPTIONS.tile_major is None
     assert ft._tile_major(True, kv(16384), kv(16384))        # 64 MiB of K+V, causal: tile-major
     assert not ft._tile_major(False, kv(16384), kv(16384))   # non-causal: head-major
     assert not ft._tile_major(True, kv(65536), kv(65536))    # 256 MiB: keep heads together for the L2
+    assert not ft._tile_major(True, kv(16384), kv(16384), forced=False)  # an explicit order wins
 
 
-def test_pinned_configs_rejects_unknown_kernel_and_restores():
-    import triton
-
+def test_launch_options_reject_an_unknown_kernel_and_pick_the_pinned_config():
     import kernels.flash_triton as ft
 
-    cfg = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+    cfg = ft.make_config(64, 32, 4, 2)
     with pytest.raises(ValueError, match="bwd"):
-        with ft.pinned_configs(bwd=cfg):
-            pass
-    with ft.pinned_configs(dq=cfg):
-        assert ft._PINNED == {"dq": cfg}
-    assert ft._PINNED == {}
+        ft.LaunchOptions(pinned={"bwd": cfg})
+    opts = ft.LaunchOptions(pinned={"dq": cfg})
+    with pytest.raises(AttributeError):
+        opts.autotune = False  # frozen: a value, never shared mutable state
+    assert ft.DEFAULT_OPTIONS.pinned == {}
 
 
 # ----------------------------------------------------------------------------------------------
 # GPU: bf16, long sequences, unwritten elements
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture
-def fixed_tiles(monkeypatch):
+def fixed_tiles():
     """One config per kernel instead of autotuning: the shape matrix compiles in seconds, not minutes."""
     import kernels.flash_triton as ft
 
-    monkeypatch.setattr(ft, "AUTOTUNE", False)
+    return with_options(ft.LaunchOptions(autotune=False))
 
 
 @pytest.mark.gpu
@@ -193,7 +203,7 @@ def fixed_tiles(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(2, 4, 4097, 64), (1, 2, 1000, 128), (3, 17, 16), (1, 1, 300, 256)])
 def test_gpu_matrix(fixed_tiles, causal, dtype, shape):
-    _check(FlashAttentionTriton, shape, shape, causal, dtype)
+    _check(fixed_tiles, shape, shape, causal, dtype)
 
 
 @pytest.mark.gpu
@@ -204,15 +214,16 @@ def test_gpu_long_bf16(causal):
 
 @pytest.mark.gpu
 def test_gpu_unequal_lengths_bf16(fixed_tiles):
-    _check(FlashAttentionTriton, (2, 2, 1000, 64), (2, 2, 4097, 64), True, torch.bfloat16)
-    _check(FlashAttentionTriton, (2, 2, 4097, 128), (2, 2, 1000, 128), True, torch.bfloat16)
+    _check(fixed_tiles, (2, 2, 1000, 64), (2, 2, 4097, 64), True, torch.bfloat16)
+    _check(fixed_tiles, (2, 2, 4097, 128), (2, 2, 1000, 128), True, torch.bfloat16)
 
 
 @pytest.mark.gpu
 def test_gpu_fp32_ieee_is_tight(fixed_tiles):
     q, k, v, do = _inputs((2, 2, 300, 64), (2, 2, 300, 64))
     ref = naive_attention(q, k, v, True)
-    out = FlashAttentionTriton.apply(q.float().cuda(), k.float().cuda(), v.float().cuda(), True, "ieee")
+    out = FlashAttentionTriton.apply(q.float().cuda(), k.float().cuda(), v.float().cuda(), True, "ieee",
+                                     fixed_tiles.options)
     assert _rel_err(out, ref) < 1e-5
 
 
@@ -224,9 +235,9 @@ def test_gpu_every_shipped_config_is_exact(which):
 
     space = {"fwd": ft.FWD_CONFIGS, "dkdv": ft.DKDV_CONFIGS, "dq": ft.DQ_CONFIGS}[which]
     for cfg in space:
-        with ft.pinned_configs(**{which: cfg}):
-            _check(FlashAttentionTriton, (2, 2, 1000, 64), (2, 2, 1000, 64), True, torch.bfloat16)
-            _check(FlashAttentionTriton, (1, 2, 333, 128), (1, 2, 333, 128), False, torch.float16)
+        pinned = with_options(ft.LaunchOptions(pinned={which: cfg}))
+        _check(pinned, (2, 2, 1000, 64), (2, 2, 1000, 64), True, torch.bfloat16)
+        _check(pinned, (1, 2, 333, 128), (1, 2, 333, 128), False, torch.float16)
 
 
 @pytest.mark.gpu
@@ -238,6 +249,5 @@ def test_gpu_every_output_element_written(n):
     q, k, v = (torch.randn(2, 3, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for cfg in ft.FWD_CONFIGS:
         out = torch.full_like(q, float("nan"))
-        with ft.pinned_configs(fwd=cfg):
-            flash_attention_forward(q, k, v, True, out=out)
+        flash_attention_forward(q, k, v, True, out=out, options=ft.LaunchOptions(pinned={"fwd": cfg}))
         assert torch.isfinite(out).all(), f"unwritten output elements with {cfg}"
