@@ -23,6 +23,7 @@ def load_module(path: Path, name: str = "flash_baseline"):
         raise FileNotFoundError(f"baseline file {path} does not exist")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses (LaunchOptions) look their module up while being defined
     spec.loader.exec_module(module)
     for attr in ("flash_attention_forward", "FlashAttentionTriton"):
         if not hasattr(module, attr):
