@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU checks of a change, on a host with torch in its own environment and no network:
+# install benchlab from a wheelhouse, run the GPU tests (`pytest -m gpu`), then the distributed suites
+# through `benchlab run` on the GPUs there are (1 GPU: one-rank cells, which exercise the CUDA-event
+# timing and the profiler's kernel accounting; 2+ GPUs: see benchmarks/ddp_study.sh).
+# Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON]     (from the repository root)
+# Pass BENCHLAB_COMMIT: a copied tree may carry a stale .git, and the commit recorded must be what ran.
+set -u
+out=${1:?output folder}; wh=${2:?wheelhouse}; py=${3:-$(command -v python3)}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
+"$py" -m pip install -q --no-index --find-links "$wh" pytest >> "$out/install.log" 2>&1
+timeout 300 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/ > "$out/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; tail -n 3 "$out/gpu_tests.log"
+timeout 200 "$py" -m backend.cli run ddp --out "$out/ddp_1gpu.jsonl" --timeout-s 180 -p device=cuda -p world_size=1 \
+  -p size=small -p precision=bf16 -p wrapper=none,bucketed,zero1,fsdp,torch_ddp > "$out/ddp_1gpu.log" 2>&1
+echo "ddp rc=$?"; tail -n 8 "$out/ddp_1gpu.log"
+timeout 100 "$py" -m backend.cli run allreduce --out "$out/allreduce_1gpu.jsonl" -p device=cuda -p world_size=1 \
+  -p size_mb=1,16,256 > "$out/allreduce_1gpu.log" 2>&1
+echo "allreduce rc=$?"; tail -n 5 "$out/allreduce_1gpu.log"
