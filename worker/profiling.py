@@ -38,11 +38,12 @@ NCCL_KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "SendRecv"
 
 def collective_kind(name: str, on_gpu: bool) -> str | None:
     """'AllReduce' for an NCCL kernel such as ncclDevKernel_AllReduce_Sum_bf16_RING_LL, 'all_reduce' for
-    gloo's gloo:all_reduce; None for anything that is not a collective (barriers included)."""
+    gloo's gloo:all_reduce; None for anything that is not a collective (barriers included). An NCCL
+    kernel whose name says no kind (ncclDevKernel_Generic_1, say) is named by its kernel."""
     if on_gpu:
         if "nccl" not in name.lower():
             return None
-        return next((k for k in NCCL_KINDS if k.lower() in name.lower()), "other")
+        return next((k for k in NCCL_KINDS if k.lower() in name.lower()), name.split("(")[0])
     if name.startswith("gloo:") and name != "gloo:barrier":
         return name.split(":", 1)[1]
     return None

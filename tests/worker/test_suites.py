@@ -57,6 +57,21 @@ def test_ddp_suite_runs_every_wrapper_on_cpu(tmp_path, wrapper):
                           "context_length": 16, "batch": 1}
 
 
+@pytest.mark.gpu
+def test_ddp_suite_on_the_gpus_there_are(tmp_path):
+    """CUDA-event timing, the profiler's kernel accounting and GPU busy, on every visible GPU."""
+    import torch
+
+    world = torch.cuda.device_count()
+    m = run("ddp", tmp_path, wrapper="bucketed", world_size=world, size="small", context_length=256, batch=2,
+            precision="bf16", warmup=1, steps=10, device="cuda")
+    assert m["backend"] == "nccl" and len(m["rank_samples_ms"]) == world
+    assert 0 < m["gpu_busy"] <= 1 and m["host_bound"] == (m["gpu_busy"] < 0.8)
+    assert m["memory_per_rank"]["optimizer_state"] > 0 and m["memory_per_rank"]["other"] is not None
+    if world > 1:
+        assert m["comm_ms"] > 0 and "AllReduce" in m["comm_by_kind_ms"]
+
+
 def test_ddp_variants_alternate_in_blocks():
     """A B B A ...: the step without communication is timed between the wrapped steps, not after them."""
     from worker.suites.ddp_rank import schedule

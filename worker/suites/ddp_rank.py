@@ -175,6 +175,8 @@ def train_step_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     probe = lambda: memory_split(model, wrapped.opt, device)  # noqa: E731 (a one-line probe)
     memory = {"after_construction": probe()}
     settle()
+    wrapped.step(tokens, targets)  # creates the optimizer state, so the probe step sees all of it
+    settle()
     wrapped.step(tokens, targets, between=lambda: memory.update(before_step=probe()))  # the probe step
     memory["after_step"] = probe()
     peak = torch.cuda.max_memory_allocated() if on_gpu else None
