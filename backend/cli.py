@@ -105,13 +105,15 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
     from celery.signals import worker_ready
 
     from worker.celery_app import make_celery
+    from worker.placement import worker_queues
     from worker.settings import get_worker_settings
-    from worker.tasks import register_tasks
+    from worker.tasks import register_tasks, visible_gpus
 
     settings = get_worker_settings()
     celery_app = make_celery(settings)
     celery_name = name or f"benchlab@{socket.gethostname()}"
-    queue_list = [q for q in queues.split(",") if q]
+    # each queue, and its GPU queues up to this worker's GPU count (a job asking N GPUs waits on <q>.gpusN)
+    queue_list = worker_queues([q for q in queues.split(",") if q], len(visible_gpus(settings.gpus)))
     # unique per process: a replacement started under the same name is another worker to the reaper
     state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}:{os.getpid()}",
                            queues=queue_list)

@@ -42,6 +42,7 @@ from worker.contract import (
     StateEvent,
     parse_event,
 )
+from worker.placement import gpus_asked, route
 
 SAFE_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
@@ -55,17 +56,48 @@ def job_payload(job: Job, sweep: Sweep) -> dict[str, Any]:
                       attempt=job.attempts, timeout_s=sweep.timeout_s, fresh=sweep.fresh_process).model_dump()
 
 
+def placement_note(db: Session, queue: str, gpus: int, lost_after_s: float = 60.0) -> str | None:
+    """Why a job needing `gpus` GPUs on `queue` may wait: no live worker consumes its GPU queue."""
+    routed = route(queue, "noop", {"gpus": gpus})
+    live = db.exec(select(WorkerRow).where(WorkerRow.last_seen >= time.time() - lost_after_s,
+                                           WorkerRow.stopping == False)).all()  # noqa: E712 (SQL, not Python)
+    if any(routed in (w.queues or []) for w in live):
+        return None
+    most = max((len(w.gpus or []) for w in live if queue in (w.queues or [])), default=0)
+    return (f"waiting for a worker with {gpus} GPU(s) on queue {queue!r}: the live workers on it have at most "
+            f"{most}")
+
+
 def _send_or_record(db: Session, dispatcher: Dispatcher, sweep: Sweep, jobs: list[Job]) -> None:
-    """Queue one message per job. A send that fails part-way leaves the unsent jobs `failed` with the
-    reason (never `queued` without a message); the caller checked the broker just before."""
-    try:
-        dispatcher.send([job_payload(j, sweep) for j in jobs], sweep.queue)
-    except SendError as exc:
-        now = time.time()
-        for j in jobs[exc.sent:]:
-            j.state, j.error, j.finished_at = "failed", f"could not queue the job: {exc}", now
-        db.add_all(jobs[exc.sent:])
-        db.commit()
+    """Queue one message per job, on its routed queue (worker/placement.py). A send that fails part-way
+    leaves the unsent jobs `failed` with the reason (never `queued` without a message); the caller
+    checked the broker just before. A job no live worker can take yet says why in its progress."""
+    by_queue: dict[str, list[Job]] = {}
+    for j in jobs:
+        by_queue.setdefault(route(sweep.queue, sweep.suite, j.params), []).append(j)
+    unsent: list[Job] = []
+    error = None
+    for queue, batch in by_queue.items():
+        if error is not None:
+            unsent += batch
+            continue
+        try:
+            dispatcher.send([job_payload(j, sweep) for j in batch], queue)
+        except SendError as exc:
+            error = exc
+            unsent += batch[exc.sent:]
+            continue
+        gpus = gpus_asked(sweep.suite, batch[0].params)
+        note = placement_note(db, sweep.queue, gpus) if gpus else None
+        if note:
+            for j in batch:
+                j.progress = note
+            db.add_all(batch)
+    now = time.time()
+    for j in unsent:
+        j.state, j.error, j.finished_at = "failed", f"could not queue the job: {error}", now
+    db.add_all(unsent)
+    db.commit()
 
 
 def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, settings: BackendSettings,

@@ -47,8 +47,10 @@ def list_artifacts(folder: Path) -> list[dict[str, Any]]:
 
 
 def _child_main(conn, commit: str | None, prepare: Callable[[], Any] | None = None,
-                parent_pid: int | None = None) -> None:
+                parent_pid: int | None = None, devices: str | None = None) -> None:
     """Runner process: import the GPU stack once, say ready, then serve jobs until told to stop."""
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices  # before torch: CUDA reads it once, at initialisation
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.setsid()  # own process group: a kill takes the ranks this job spawned with it
     if parent_pid is not None:
@@ -133,6 +135,7 @@ class Runner:
         self._conn = None
         self.jobs_run = 0
         self.starts = 0
+        self.devices: str | None = None  # the CUDA_VISIBLE_DEVICES of the current child (None: inherited)
 
     @property
     def pid(self) -> int | None:
@@ -140,9 +143,9 @@ class Runner:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self.commit, self.prepare, os.getpid()),
-                                       daemon=False,
-                                       name="benchlab-runner")
+        self._proc = self._ctx.Process(target=_child_main,
+                                       args=(child, self.commit, self.prepare, os.getpid(), self.devices),
+                                       daemon=False, name="benchlab-runner")
         self._proc.start()
         child.close()
         self._conn = parent
@@ -185,11 +188,14 @@ class Runner:
         self.kill()
         return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
-    def _ensure(self, fresh: bool) -> None:
+    def _ensure(self, fresh: bool, devices: str | None = None) -> None:
         alive = self._proc is not None and self._proc.is_alive()
-        if alive and (fresh or self.jobs_run >= self.max_jobs):
+        moved = devices is not None and devices != self.devices  # a CUDA context cannot change its GPUs
+        if alive and (fresh or moved or self.jobs_run >= self.max_jobs):
             self.stop()
             alive = False
+        if devices is not None:
+            self.devices = devices
         if not alive:
             self._start()
 
@@ -220,14 +226,17 @@ class Runner:
 
     def run(self, job: dict[str, Any], timeout_s: float, fresh: bool = False,
             on_progress: Callable[[str], None] | None = None,
-            cancelled: Callable[[], bool] | None = None) -> Outcome:
+            cancelled: Callable[[], bool] | None = None, devices: str | None = None) -> Outcome:
         """Run one job in the child. The job dict needs suite, params and artifact_dir.
+
+        `devices`: the GPUs the job may use, as CUDA_VISIBLE_DEVICES (worker/placement.py leases
+        them); a child started with other GPUs is replaced first.
 
         `cancelled`, asked about every half second while the job runs: when it says yes, the child
         (and every process of its group) is killed and the job ends `cancelled`.
         """
         try:
-            self._ensure(fresh)
+            self._ensure(fresh, devices)
         except RunnerStartError as exc:
             return Outcome("failed", error=f"{exc}; the job did not run")
         t0 = time.monotonic()

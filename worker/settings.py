@@ -1,6 +1,7 @@
 """Worker settings, read from BENCHLAB_* environment variables (and an optional .env)."""
 from __future__ import annotations
 
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,6 +41,12 @@ class WorkerSettings(SharedSettings):
     heartbeat_file: Path | None = Field(None, description="touched at each heartbeat (a container healthcheck "
                                                           "reads its age)")
     heartbeat_s: float = Field(5.0, gt=0, description="how often a worker says it is alive")
+    gpus: str | None = Field(None, description="the GPUs this worker advertises and leases, as comma-separated "
+                                               "names (default: what nvidia-smi lists, narrowed by "
+                                               "CUDA_VISIBLE_DEVICES); e.g. to try placement on a host with none")
+    gpu_lock_dir: Path = Field(Path(tempfile.gettempdir()) / "benchlab-gpus",
+                               description="one lock file per GPU, shared by every worker of the host: no two "
+                                           "jobs run on one GPU at once")
     runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
     runner_startup_timeout_s: float = Field(300.0, gt=0, description="a runner process not ready (imports done) by "
                                             "then fails the job it was started for; not counted in the job's timeout")

@@ -24,7 +24,8 @@ from worker.cancel import CancelRegistry
 from worker.celery_app import RUN_JOB_TASK
 from worker.contract import HeartbeatEvent, JobPayload, ProgressEvent, ResultEvent, RunningJob, StateEvent
 from worker.events import publish
-from worker.runner import Runner
+from worker.placement import GpuLease, gpu_ids, gpus_used
+from worker.runner import Outcome, Runner
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("benchlab.worker")
@@ -84,8 +85,11 @@ def upload_artifacts(settings: WorkerSettings, job_id: int, folder, artifacts: l
     return errors
 
 
-def visible_gpus() -> list[str]:
-    """GPU names this worker can use, without importing torch: nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES."""
+def visible_gpus(configured: str | None = None) -> list[str]:
+    """GPU names this worker can use, without importing torch: `configured` (WorkerSettings.gpus) when
+    given, else nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES."""
+    if configured is not None:
+        return [g.strip() for g in configured.split(",") if g.strip()]
     if not shutil.which("nvidia-smi"):
         return []
     try:
@@ -106,11 +110,11 @@ class Heartbeat(threading.Thread):
     GPUs and the job it runs. The reaper beside the API uses it to find jobs whose worker is gone."""
 
     def __init__(self, app: Celery, worker: str, queues: list[str], interval_s: float, commit: str | None = None,
-                 file=None):
+                 file=None, gpus: list[str] | None = None):
         super().__init__(name="benchlab-heartbeat", daemon=True)
         self.app, self.interval_s = app, interval_s
         self.base = {"worker": worker, "hostname": socket.gethostname(), "pid": os.getpid(), "queues": queues,
-                     "gpus": visible_gpus(), "commit": commit}
+                     "gpus": visible_gpus() if gpus is None else gpus, "commit": commit}
         self.current: RunningJob | None = None
         self.file = file
         self._wake = threading.Event()
@@ -148,8 +152,9 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
     """Register `benchlab.run_job` on `app`; returns the worker's state (runner, heartbeat) for shutdown."""
     hostname = socket.gethostname()
     worker = worker_name or f"{hostname}:benchlab@{hostname}"
+    gpus = visible_gpus(settings.gpus)
     heartbeat = Heartbeat(app, worker, queues or [], settings.heartbeat_s, settings.commit,
-                          file=settings.heartbeat_file)
+                          file=settings.heartbeat_file, gpus=gpus)
     state: dict[str, Any] = {"runner": Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
                                              startup_timeout_s=settings.runner_startup_timeout_s),
                              "cancel": CancelRegistry(settings), "heartbeat": heartbeat, "worker": worker}
@@ -199,11 +204,27 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
 
         artifact_dir = settings.artifact_root / f"job_{job.job_id}"
         timeout_s = float(job.timeout_s or settings.job_timeout_s)
+        lease = None
         try:
+            need = gpus_used(job.suite, job.params, len(gpus))
+            devices = None
+            if need:
+                def waiting(message: str) -> None:  # the job stays `queued` while it waits
+                    publish(app, ProgressEvent(job_id=job.job_id, attempt=attempt, message=message[:500]))
+
+                lease = GpuLease(need, gpu_ids(len(gpus)), settings.gpu_lock_dir, on_wait=waiting, cancelled=cancelled)
+                devices = ",".join(lease.acquire())
+                on_progress(f"on GPU {devices}")
             outcome = state["runner"].run(
                 {"suite": job.suite, "params": job.params, "artifact_dir": str(artifact_dir)},
-                timeout_s=timeout_s, fresh=job.fresh, on_progress=on_progress, cancelled=cancelled)
+                timeout_s=timeout_s, fresh=job.fresh, on_progress=on_progress, cancelled=cancelled, devices=devices)
+        except ValueError as exc:  # more GPUs than this worker has: it should not have been routed here
+            outcome = Outcome("skipped", error=str(exc))
+        except InterruptedError:
+            outcome = Outcome("cancelled", error="cancelled while waiting for GPUs")
         finally:
+            if lease is not None:
+                lease.release()
             running.finish()
         if state.get("stopping") and outcome.state == "failed":
             outcome.error = f"the worker was stopped ({state['stopping']}) during the job; retry it"

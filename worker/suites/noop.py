@@ -9,6 +9,9 @@ With `work_ms` > 0 it is also a timed suite that needs no GPU: each of `repeats`
 (after `warmup` untimed ones) sleeps `work_ms`, spread by a relative `noise` drawn from a normal
 distribution seeded by `seed`, and the cell reports the measured samples and their summary like the
 real suites do. So a slowdown of known size can be produced on any machine (comparisons, CI gating).
+
+With `gpus` > 0 the cell asks for that many GPUs (worker/placement.py routes and leases them) and
+reports the CUDA_VISIBLE_DEVICES it ran with and when: placement can be checked without a GPU.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class Params(SuiteParams):
     seed: int = Field(0, description="seeds the noise")
     repeats: int = Field(10, gt=0, le=10_000, description="timed iterations, with work_ms")
     warmup: int = Field(0, ge=0, le=1_000, description="untimed iterations first, with work_ms")
+    gpus: int = Field(0, ge=0, le=64, description="GPUs the cell asks for (placement checks)")
 
 
 def timed_work(p: Params) -> dict:
@@ -53,6 +57,7 @@ def timed_work(p: Params) -> dict:
 
 
 def run(p: Params, ctx) -> dict:
+    started = time.time()
     if p.sleep_ms:
         time.sleep(p.sleep_ms / 1000)
     if p.mode == "raise":
@@ -68,4 +73,6 @@ def run(p: Params, ctx) -> dict:
 
         raise SkipCell("noop asked to skip")
     timing = timed_work(p) if p.work_ms else {}
-    return {"x": p.x, "value": float(p.x) * 2, **timing}
+    placed = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "started_at": started,
+              "ended_at": time.time()} if p.gpus else {}
+    return {"x": p.x, "value": float(p.x) * 2, **timing, **placed}
