@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from worker.contract import GridParams
+
 # tag -> the CI variables that may hold it, first found wins (GitHub Actions, GitLab CI, generic)
 CI_TAG_VARIABLES = {
     "commit": ("BENCHLAB_COMMIT", "GITHUB_SHA", "CI_COMMIT_SHA"),
@@ -25,11 +27,12 @@ def ci_tags(environ: Mapping[str, str]) -> dict[str, str]:
     return tags
 
 
-def _grid(params: dict[str, Any], ignore: set[str]) -> str:
-    return json.dumps({k: v for k, v in params.items() if k not in ignore}, sort_keys=True)
+def _grid(params: GridParams, ignore: set[str]) -> str:
+    grids = params if isinstance(params, list) else [params]
+    return json.dumps([{k: v for k, v in g.items() if k not in ignore} for g in grids], sort_keys=True)
 
 
-def find_baseline(sweeps: list[dict[str, Any]], suite: str, params: dict[str, Any], ignore: list[str] | None = None,
+def find_baseline(sweeps: list[dict[str, Any]], suite: str, params: GridParams, ignore: list[str] | None = None,
                   branch: str = "main", exclude: int | None = None) -> dict[str, Any] | None:
     """The newest finished sweep (`status` done) of the same suite and grid (params less `ignore`)
     tagged with `branch`, from a list of sweep summaries (GET /api/sweeps); None if there is none."""

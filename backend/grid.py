@@ -1,12 +1,16 @@
 """Sweep validation and grid expansion (pure functions, no database).
 
 params {name: value or [values]}: a list is a grid axis; the grid is the Cartesian product of
-the axes in the order given, the first axis varying slowest. Every cell is validated against the
-suite's params model before anything is stored, and errors name the field.
+the axes in the order given, the first axis varying slowest. params may also be a list of such
+objects: the sweep is then their grids one after another (a cell that appears twice runs once), e.g.
+[{"wrapper": "bucketed", "bucket_size_mb": [1, 10]}, {"wrapper": ["naive", "flat"]}].
+Every cell is validated against the suite's params model before anything is stored, and errors
+name the field.
 """
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import Any
 
@@ -27,15 +31,38 @@ def _err(loc: list, msg: str, type_: str = "value_error") -> dict[str, Any]:
     return {"loc": loc, "msg": msg, "type": type_}
 
 
-def grid_size(params: dict[str, Any]) -> int:
+def grid_size(params: dict[str, Any] | list[dict[str, Any]]) -> int:
+    if isinstance(params, list):
+        return sum(grid_size(p) for p in params if isinstance(p, dict))
     return math.prod(len(v) if isinstance(v, list) else 1 for v in params.values())
 
 
-def expand_grid(suite: str, params: dict[str, Any], max_cells: int) -> list[dict[str, Any]]:
+def expand_grid(suite: str, params: dict[str, Any] | list[dict[str, Any]], max_cells: int) -> list[dict[str, Any]]:
     """Validate and expand `params` into cells (each a full, validated params dict, defaults filled)."""
     if suite not in suite_names():
         raise SweepInputError([_err(["body", "suite"],
                                     f"unknown suite {suite!r}; known suites: {', '.join(suite_names())}")])
+    if isinstance(params, list):
+        if not params or not all(isinstance(p, dict) for p in params):
+            raise SweepInputError([_err(["body", "params"], "a list of grids must hold one or more objects")])
+        if grid_size(params) > max_cells:
+            raise SweepInputError([_err(["body", "params"], f"the grids have {grid_size(params)} cells, more "
+                                                            f"than the limit of {max_cells}")])
+        cells, seen, errors = [], set(), []
+        for i, grid in enumerate(params):
+            try:
+                part = expand_grid(suite, grid, max_cells)
+            except SweepInputError as exc:  # every grid's errors, each located by its index
+                errors += [{**e, "loc": [*e["loc"][:2], i, *e["loc"][2:]]} for e in exc.errors]
+                continue
+            for cell in part:
+                key = json.dumps(cell, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    cells.append(cell)
+        if errors:
+            raise SweepInputError(errors)
+        return cells
     if not isinstance(params, dict):
         raise SweepInputError([_err(["body", "params"], "params must be an object of {name: value or [values]}")])
     model = get_suite(suite).Params

@@ -23,6 +23,7 @@ from worker.contract import (  # noqa: F401 (re-exported)
     RETRYABLE_STATES,
     UNFINISHED_STATES,
     UNFINISHED_STATUSES,
+    GridParams,
     reserved_queue,
 )
 
@@ -50,7 +51,7 @@ def _no_surrogates(value: Any, where: str) -> None:
 class SweepBase(SQLModel):
     suite: str = Field(index=True)
     name: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    params: GridParams = Field(default_factory=dict, sa_column=Column(JSON))
     tags: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON))
     repeats: int = 1
     queue: str = "default"
@@ -58,11 +59,12 @@ class SweepBase(SQLModel):
 
 
 class SweepCreate(SweepBase):
-    """Body of POST /api/sweeps. A list value in params is a grid axis."""
+    """Body of POST /api/sweeps. A list value in params is a grid axis; a list of params objects is
+    several grids run as one sweep (backend/grid.py)."""
 
     suite: str = Field(max_length=100)
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: GridParams = Field(default_factory=dict)
     tags: dict[str, str] | None = Field(None, description=f"at most {MAX_TAGS}, names and values "
                                                           f"<= {MAX_TAG_CHARS} chars")
     timeout_s: float | None = Field(None, gt=0, description="per job; at most BENCHLAB_MAX_JOB_TIMEOUT_S")
@@ -127,7 +129,7 @@ class SweepPublic(SQLModel):
     id: int
     name: str | None
     suite: str
-    params: dict[str, Any]
+    params: GridParams
     tags: dict[str, str]
     repeats: int
     queue: str

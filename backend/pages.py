@@ -40,7 +40,11 @@ def _render(request: Request, name: str, context: dict, status_code: int = 200) 
 @router.get("/", response_class=HTMLResponse, dependencies=[PageAuth])
 def index(request: Request, db: SessionDep):
     suites = [suite_info(n) for n in suite_names()]
-    return _render(request, "index.html", {"sweeps": service.list_sweeps(db, limit=200), "suites": suites})
+    from backend.presets import PRESETS
+
+    presets = [{"name": n, "description": d} for n, (d, _) in PRESETS.items()]
+    return _render(request, "index.html", {"sweeps": service.list_sweeps(db, limit=200), "suites": suites,
+                                           "presets": presets})
 
 
 def _sweep_or_404(db, sweep_id: int) -> Sweep:

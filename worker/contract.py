@@ -167,12 +167,16 @@ def parse_event(body: Any) -> StateEvent | ProgressEvent | ResultEvent | Heartbe
     return _EVENT.validate_python(body)
 
 
+# a sweep's params: one grid {name: value or [values]}, or a list of grids run as one sweep
+GridParams = dict[str, Any] | list[dict[str, Any]]
+
+
 class RunHeader(_Message):
     """First line of a `benchlab run --out` file."""
 
     kind: Literal["sweep"] = "sweep"
     suite: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: GridParams = Field(default_factory=dict)
     name: str | None = None
     tags: dict[str, str] = Field(default_factory=dict)
     repeats: int = Field(1, ge=1)

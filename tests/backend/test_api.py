@@ -268,3 +268,37 @@ def test_baseline_is_the_newest_earlier_finished_sweep_of_the_grid_on_main(clien
     assert client.get(f"/api/sweeps/{other}/baseline", params={"ignore": "x"}).json()["id"] == old
     r = client.get(f"/api/sweeps/{old}/baseline")
     assert r.status_code == 404 and "no finished noop sweep" in r.json()["detail"]
+
+
+def test_presets_validate_and_create_their_sweeps_in_order(client):
+    listed = {p["name"]: p for p in client.get("/api/presets").json()}
+    assert {"ddp-course", "ddp-course-cpu"} <= set(listed)
+    r = client.post("/api/presets/ddp-course-cpu")
+    assert r.status_code == 201, r.text
+    fit_id, ddp_id = r.json()["sweeps"]
+    assert r.json()["open"] == f"/sweeps/{ddp_id}"
+    assert client.get(f"/api/sweeps/{fit_id}").json()["suite"] == "allreduce"
+    cells = [j["params"] for j in client.get(f"/api/sweeps/{ddp_id}/results").json()]
+    assert [(c["wrapper"], c["bucket_size_mb"]) for c in cells] == [
+        ("naive", 25.0), ("flat", 25.0), ("overlap", 25.0), ("torch_ddp", 25.0),
+        ("bucketed", 1.0), ("bucketed", 10.0), ("bucketed", 100.0), ("bucketed", 1000.0)]
+    assert client.post("/api/presets/nope").status_code == 404
+
+
+def test_the_gpu_preset_expands_to_the_course_study():
+    from backend.grid import expand_grid
+    from backend.presets import PRESETS
+
+    fit, study = PRESETS["ddp-course"][1]
+    assert len(expand_grid(fit.suite, fit.params, 1000)) == 11
+    cells = expand_grid(study.suite, study.params, 1000)
+    assert {c["size"] for c in cells} == {"xl"} and {c["device"] for c in cells} == {"cuda"}
+    assert sorted(c["bucket_size_mb"] for c in cells if c["wrapper"] == "bucketed") == [1, 10, 100, 1000]
+
+
+def test_a_list_of_grids_is_one_sweep_with_each_cell_once(client):
+    r = client.post("/api/sweeps", json={"suite": "noop", "params": [{"x": [1, 2]}, {"x": [2, 3]}]})
+    assert r.status_code == 201 and r.json()["jobs"] == 3
+    bad = client.post("/api/sweeps", json={"suite": "noop", "params": [{"x": 1}, {"nope": 1}]})
+    assert bad.status_code == 422
+    assert [e["loc"] for e in bad.json()["detail"]] == [["body", "params", 1, "nope"]]

@@ -100,30 +100,28 @@ def test_compare_page_shows_ratios(browser, stack):
     page.close()
 
 
-def test_ddp_sweep_page_draws_the_bucket_chart_with_references_and_the_fitted_model(browser, stack):
-    """A CPU ddp sweep (gloo, 2 ranks) beside the allreduce sweep its model is fitted on."""
-    fit_id = stack.submit({"suite": "allreduce", "params": {"size_mb": [0.0625, 0.25, 1.0], "world_size": 2,
-                                                            "device": "cpu", "warmup": 1, "repeats": 5}})["id"]
-    stack.wait(fit_id)
-    tiny = {"world_size": 2, "d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 64, "vocab_size": 128,
-            "context_length": 16, "batch": 1, "device": "cpu", "warmup": 1, "steps": 5}
-    sid = stack.submit({"suite": "ddp", "params": {**tiny, "wrapper": ["bucketed"],
-                                                   "bucket_size_mb": [0.01, 0.05]}})["id"]
-    ref = stack.submit({"suite": "ddp", "params": {**tiny, "wrapper": ["none", "naive"], "bucket_size_mb": 0.05}})
-    stack.wait(sid)
-    stack.wait(ref["id"])
+def test_the_cpu_ddp_study_in_one_click_draws_the_bucket_chart_with_references_and_the_model(browser, stack):
+    """The course study's CPU preset (gloo, 2 ranks): the all-reduce fit, then the ddp sweep's chart."""
     page = browser.new_page()
-    page.goto(f"{stack.url}/sweeps/{sid}")
-    page.wait_for_selector("#charts .js-plotly-plot .main-svg", timeout=30000)
+    page.goto(stack.url + "/")
+    page.click("button.preset[data-preset=ddp-course-cpu]")
+    page.wait_for_url("**/sweeps/*", timeout=15000)
+    sid = int(page.url.rstrip("/").split("/")[-1])
+    assert stack.wait(sid, timeout=600)["status"] == "done"
+    fit_id = sid - 1
+    assert stack.client.get(f"/api/sweeps/{fit_id}").json()["suite"] == "allreduce"
+    page.reload()
+    page.wait_for_selector("#status[data-status=done]", timeout=30000)
+    page.wait_for_selector("#chart-1 .main-svg", timeout=30000)
+    step = page.evaluate("document.getElementById('chart-0').data.map(t => [t.name, t.line.dash || 'solid'])")
+    names = {n.split(" host-bound")[0]: dash for n, dash in step}
+    assert names["bucketed"] == "solid"  # the line over bucket sizes
+    assert all(names[w] == "dash" for w in ("naive", "flat", "overlap", "torch_ddp"))  # references
     exposed = page.evaluate("document.getElementById('chart-1').data.map(t => t.name)")
-    assert "bucketed" in exposed and any(n.startswith("model: s/(n_b w)") for n in exposed)
+    assert any(n.startswith("model: s/(n_b w)") for n in exposed)
     title = page.evaluate("document.getElementById('chart-1').layout.title.text")
     assert f"all-reduce sweep #{fit_id}" in title
     assert page.locator("#charts .js-plotly-plot").count() >= 4  # step, exposed, collectives, memory
-    page.goto(f"{stack.url}/sweeps/{ref['id']}")  # the reference wrappers: horizontal lines
-    page.wait_for_selector("#charts .js-plotly-plot .main-svg", timeout=30000)
-    lines = page.evaluate("document.getElementById('chart-0').data.map(t => [t.name, t.line.dash])")
-    assert ["none", "dash"] in lines and ["naive", "dash"] in lines
     page.close()
 
 
