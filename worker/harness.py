@@ -236,3 +236,23 @@ def fingerprint(commit: str | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "git_commit": commit or git_commit(),
     }
+
+
+_PEAK_CACHE: dict[tuple[str, str], float] = {}  # a process's measured matmul peaks (a cache, not a knob)
+
+
+def measured_peak_tflops(device: str, dtype) -> float | None:
+    """Dense matmul TFLOP/s of this device in `dtype` (8192^3, median of 10), cached per process:
+    the peak MFU is taken against. 2 * n^3 FLOPs per matmul."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    key = (device, str(dtype))
+    if key not in _PEAK_CACHE:
+        n = 8192
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        t = measure(lambda: a @ b, warmup=3, repeats=10, device=device, flush_l2=False)
+        _PEAK_CACHE[key] = 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+    return _PEAK_CACHE[key]

@@ -5,6 +5,7 @@
 - `step_breakdown(prof, steps, on_gpu)`: per step, the time of the collectives by kind (GPU: the
   NCCL kernels' device time; CPU: gloo's collectives, which run on gloo's own threads) and, on GPU,
   the time at least one kernel was running (the union of kernel intervals: "GPU busy");
+- `kernel_category(name)`: matmul / attention / softmax / optimizer / communication / elementwise;
 - `chrome_trace(prof, keep)`: the Chrome trace as a dict, optionally kept as a file.
 """
 from __future__ import annotations
@@ -31,6 +32,24 @@ def op_times_ms(prof, steps: int, on_gpu: bool) -> dict[str, dict]:
         row["ms_per_step"] += us / 1000 / steps
         row["calls_per_step"] += evt.count // steps
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms_per_step"]))
+
+
+KERNEL_CATEGORIES = (
+    ("communication", ("nccl", "allreduce", "all_reduce", "allgather", "reduce_scatter")),
+    ("attention", ("flash", "attn", "_fwd_kernel", "_bwd_", "fmha", "sdpa", "cudnn")),
+    ("matmul", ("gemm", "matmul", "sm90_xmma", "cutlass", "nvjet", "wgmma", "::mm", "bmm", "addmm", "linear")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "fused_adam", "_amp_")),
+    ("softmax", ("softmax", "logsumexp")),
+)
+
+
+def kernel_category(name: str) -> str:
+    """Bucket a CUDA kernel name into matmul / attention / softmax / optimizer / communication / elementwise."""
+    low = name.lower()
+    for category, needles in KERNEL_CATEGORIES:
+        if any(n in low for n in needles):
+            return category
+    return "elementwise"
 
 
 NCCL_KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "SendRecv", "Reduce")

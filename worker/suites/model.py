@@ -10,7 +10,8 @@ compute dtype (measured once per runner process, an 8192^3 matmul).
 from __future__ import annotations
 
 import json
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
@@ -66,122 +67,54 @@ class Params(SuiteParams):
         return s.d_model, s.d_ff, s.num_layers, s.num_heads
 
 
-_PEAK_CACHE: dict[tuple[str, str], float] = {}
-
-KERNEL_CATEGORIES = (
-    ("communication", ("nccl", "allreduce", "all_reduce", "allgather", "reduce_scatter")),
-    ("attention", ("flash", "attn", "_fwd_kernel", "_bwd_", "fmha", "sdpa", "cudnn")),
-    ("matmul", ("gemm", "matmul", "sm90_xmma", "cutlass", "nvjet", "wgmma", "::mm", "bmm", "addmm", "linear")),
-    ("optimizer", ("adam", "multi_tensor", "foreach", "fused_adam", "_amp_")),
-    ("softmax", ("softmax", "logsumexp")),
-)
-
-
-def kernel_category(name: str) -> str:
-    """Bucket a CUDA kernel name into matmul / attention / softmax / optimizer / communication / elementwise."""
-    low = name.lower()
-    for category, needles in KERNEL_CATEGORIES:
-        if any(n in low for n in needles):
-            return category
-    return "elementwise"
-
-
-def measured_peak_tflops(device: str, dtype) -> float | None:
-    """Dense matmul TFLOP/s of this device in `dtype` (8192^3, median of 10), cached per process."""
-    import torch
-
-    from worker.harness import measure
-
-    if not device.startswith("cuda"):
-        return None
-    key = (device, str(dtype))
-    if key not in _PEAK_CACHE:
-        n = 8192
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        t = measure(lambda: a @ b, warmup=3, repeats=10, device=device, flush_l2=False)
-        _PEAK_CACHE[key] = 2 * n**3 / (t.median_ms * 1e-3) / 1e12
-    return _PEAK_CACHE[key]
-
-
-def saved_bytes_per_block(model, tokens) -> int:
-    """Bytes one block saves for backward (saved-tensor hooks; a storage counted once), measured on
-    block 0 alone so that counting never needs a whole un-checkpointed model's activations."""
-    import torch
-
-    seen: set[int] = set()
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
-        return t
-
-    x = model.token_embeddings(tokens).detach().requires_grad_()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model.layers[0](x)
-    del out
-    return total
-
-
-def predicted_activation_bytes(policy: str, num_layers: int, per_block: int, residual: int) -> int:
-    """What checkpointing should keep alive at the start of backward, from the per-block numbers.
-
-    none: every block's saved tensors, L * S. every_k: the input of each region (L/k residual
-    tensors) plus one region's saved tensors during its recompute, k * S. nested with region g:
-    L/g region inputs + g block inputs + one block's saved tensors.
-    """
-    from kernels.model import parse_checkpointing
-
-    k, nested = parse_checkpointing(policy, num_layers)
-    if k == 0:
-        return num_layers * per_block
-    regions = -(-num_layers // k)
-    if nested:
-        return regions * residual + k * residual + per_block
-    return regions * residual + k * per_block
-
-
 def run(p: Params, ctx) -> dict:
+    """Build the model and its step, time the step, then measure memory (and profile, if asked)."""
+    from worker.harness import SkipCell, require_runnable_attention, resolve_device
+
+    device = resolve_device(p.device)
+    require_runnable_attention(p.attention, device)
+    if p.compile and device == "cpu":
+        raise SkipCell("torch.compile cells are GPU-only here (CPU inductor needs a C++ toolchain per cell)")
+    cell = build(p, device, ctx)
+    return measure_cell(p, cell, ctx)
+
+
+@dataclass
+class Cell:
+    """A built model cell: the model, its optimizer and inputs, and the step the scope times."""
+
+    model: Any
+    opt: Any
+    tokens: Any
+    autocast: Callable[[], Any]
+    autocast_dtype: Any
+    step: Callable[[], None]
+    setup: Callable[[], None] | None  # runs before each timed step, untimed (zero_grad for fwd_bwd)
+    zero: Callable[[], None]
+    device: str
+
+
+def build(p: Params, device: str, ctx) -> Cell:
     import contextlib
 
     import torch
 
-    from kernels.flops import transformer_flops
-    from kernels.model import TransformerLM, count_parameters, cross_entropy
+    from kernels.model import TransformerLM, cross_entropy
     from kernels.optim import make_optimizer
-    from worker.harness import (
-        SkipCell,
-        measure,
-        peak_memory_bytes,
-        require_runnable_attention,
-        reset_peak_memory,
-        resolve_device,
-    )
 
-    device = resolve_device(p.device)
     d_model, d_ff, num_layers, num_heads = p.dims()
-    require_runnable_attention(p.attention, device)
-    if p.compile and device == "cpu":
-        raise SkipCell("torch.compile cells are GPU-only here (CPU inductor needs a C++ toolchain per cell)")
-
     torch.manual_seed(0)
     ctx.progress("building model")
     with torch.device(device):  # initialise on the device: an xl model's 3.4B weights in seconds
         model = TransformerLM(p.vocab_size, p.context_length, d_model, num_layers, num_heads, d_ff,
                               attention=p.attention, checkpointing=p.checkpointing)
-    n_params = count_parameters(model)
-    param_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     opt = make_optimizer(p.optimizer, model.parameters())
     tokens = torch.randint(0, p.vocab_size, (p.batch, p.context_length), device=device)
     targets = torch.randint(0, p.vocab_size, (p.batch, p.context_length), device=device)
 
-    autocast_dtype = autocast_dtype_of(p.precision)
-    autocast = (lambda: torch.autocast(device_type=device.split(":")[0], dtype=autocast_dtype)) \
-        if autocast_dtype else contextlib.nullcontext
+    dtype = autocast_dtype_of(p.precision)
+    autocast = (lambda: torch.autocast(device_type=device.split(":")[0], dtype=dtype)) if dtype \
+        else contextlib.nullcontext
     scaler = torch.amp.GradScaler(device.split(":")[0]) if p.precision == "fp16" else None
     fwd_model = torch.compile(model) if p.compile else model
 
@@ -195,42 +128,51 @@ def run(p: Params, ctx) -> dict:
     def zero():
         opt.zero_grad(set_to_none=True)
 
-    if p.scope == "fwd":
-        def step():
-            with torch.no_grad():
-                forward_loss()
-        setup = None
-    elif p.scope == "fwd_bwd":
-        def step():
-            backward(forward_loss())
-        setup = zero
-    else:
-        def step():
-            zero()
-            backward(forward_loss())
-            if scaler:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-        setup = None
+    def forward_only():
+        with torch.no_grad():
+            forward_loss()
 
+    def forward_backward():
+        backward(forward_loss())
+
+    def train_step():
+        zero()
+        backward(forward_loss())
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
+    step, setup = {"fwd": (forward_only, None), "fwd_bwd": (forward_backward, zero),
+                   "step": (train_step, None)}[p.scope]
+    return Cell(model, opt, tokens, autocast, dtype, step, setup, zero, device)
+
+
+def measure_cell(p: Params, cell: Cell, ctx) -> dict:
+    import torch
+
+    from kernels.flops import transformer_flops
+    from kernels.model import count_parameters
+    from worker.harness import measure, measured_peak_tflops, peak_memory_bytes, reset_peak_memory
+
+    d_model, d_ff, num_layers, _ = p.dims()
+    device = cell.device
     ctx.progress(f"warm-up ({p.warmup} steps)")
-    timing = measure(step, warmup=p.warmup, repeats=p.steps, device=device, setup=setup, flush_l2=False)
+    timing = measure(cell.step, warmup=p.warmup, repeats=p.steps, device=device, setup=cell.setup, flush_l2=False)
     ctx.progress("measuring memory")
-    zero()
+    cell.zero()
     reset_peak_memory(device)
-    if setup:
-        setup()
-    step()
+    if cell.setup:
+        cell.setup()
+    cell.step()
     peak = peak_memory_bytes(device)
-    opt_state_bytes = sum(t.numel() * t.element_size() for s in opt.state.values()
-                          for t in s.values() if torch.is_tensor(t))
 
+    # model FLOPs: ~2 * params * tokens forward plus causal attention, backward twice the forward
     flops = transformer_flops(p.batch, p.context_length, d_model, d_ff, num_layers, p.vocab_size)
     scope_flops = flops["fwd"] if p.scope == "fwd" else flops["fwd_bwd"]
     achieved = scope_flops / (timing.median_ms * 1e-3)
-    peak_tflops = measured_peak_tflops(device, autocast_dtype or torch.float32)
+    peak_tflops = measured_peak_tflops(device, cell.autocast_dtype or torch.float32)
     metrics = {
         **timing.as_dict(),
         "tokens_per_s": p.batch * p.context_length / (timing.median_ms * 1e-3),
@@ -238,27 +180,30 @@ def run(p: Params, ctx) -> dict:
         "tflops": achieved / 1e12,
         "peak_tflops_measured": peak_tflops,
         "mfu": achieved / (peak_tflops * 1e12) if peak_tflops else None,
-        "params": n_params,
-        "param_bytes": param_bytes,
-        "optimizer_state_bytes": opt_state_bytes,
+        "params": count_parameters(cell.model),
+        "param_bytes": sum(t.numel() * t.element_size() for t in cell.model.parameters()),
+        "optimizer_state_bytes": sum(t.numel() * t.element_size() for s in cell.opt.state.values()
+                                     for t in s.values() if torch.is_tensor(t)),
         "peak_mem_bytes": peak,
-        "residual_stream_bytes": p.batch * p.context_length * d_model * (2 if autocast_dtype else 4),
+        "residual_stream_bytes": p.batch * p.context_length * d_model * (2 if cell.autocast_dtype else 4),
         "device": device,
         "optimizer_impl": {"course": "course AdamW (kernels.optim)", "torch": "torch.optim.AdamW foreach",
                            "torch_fused": "torch.optim.AdamW fused", "sgd": "torch.optim.SGD"}[p.optimizer],
         "fp32_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
     }
     if p.memory_detail:
+        from kernels.memory import predicted_activation_bytes, saved_bytes_per_block
+
         ctx.progress("counting saved tensors per block")
-        zero()
-        with autocast():
-            per_block = saved_bytes_per_block(model, tokens)
+        cell.zero()
+        with cell.autocast():
+            per_block = saved_bytes_per_block(cell.model, cell.tokens)
         metrics["saved_bytes_per_block"] = per_block
         metrics["predicted_activation_bytes"] = predicted_activation_bytes(
             p.checkpointing, num_layers, per_block, metrics["residual_stream_bytes"])
     if p.profile:
         ctx.progress("profiling")
-        metrics["kernel_breakdown_ms"] = _profile(step, setup, device, ctx)
+        metrics["kernel_breakdown_ms"] = _profile(cell.step, cell.setup, device, ctx)
     return metrics
 
 
@@ -267,7 +212,7 @@ def _profile(step, setup, device: str, ctx) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from worker.profiling import op_times_ms
+    from worker.profiling import kernel_category, op_times_ms
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with profile(activities=activities, record_shapes=False) as prof:
