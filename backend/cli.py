@@ -229,24 +229,62 @@ def _summary_table(suite: str, rows: list[dict[str, Any]]) -> Table:
 
 
 @app.command()
-def run(suite: str = typer.Argument(..., help="attention | model | ddp | allreduce | noop"),
+def run(suite: Optional[str] = typer.Argument(None, help="attention | model | ddp | allreduce | noop"),
         param: list[str] = typer.Option([], "--param", "-p", help="name=value[,value...]; repeat for each param"),
+        spec: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                            help="a sweep spec (JSON or YAML, as `submit` takes) instead of "
+                                                 "SUITE and -p"),
+        preset: Optional[str] = typer.Option(None, help="a study's sweeps, one after another (GET /api/presets "
+                                                        "lists them); --out is then a folder"),
         out_path: Optional[Path] = typer.Option(None, "--out", help="write results as JSON lines (importable)"),
         repeats: int = typer.Option(1, min=1), timeout_s: float = typer.Option(1800.0, help="per cell"),
         name: Optional[str] = typer.Option(None)) -> None:
     """Run a grid locally, with no server: each cell in a warm runner process; prints a table."""
+    from backend.grid import SweepInputError, expand_grid
+
+    if sum(x is not None for x in (suite, spec, preset)) != 1 or (param and suite is None):
+        console.print("[red]bad input:[/] give SUITE with -p params, or --spec FILE, or --preset NAME")
+        raise typer.Exit(2)
+    if preset is not None:
+        from backend.presets import PRESETS
+
+        if preset not in PRESETS:
+            console.print(f"[red]bad input:[/] no preset {preset!r}; presets: {', '.join(PRESETS)}")
+            raise typer.Exit(2)
+        sweeps = [(b.suite, b.params, b.name, b.repeats or repeats) for b in PRESETS[preset][1]]
+        outs = [out_path / f"{i}_{s[0]}.jsonl" if out_path else None for i, s in enumerate(sweeps)]
+    elif spec is not None:
+        body = _load_spec(spec)
+        if not isinstance(body, dict) or "suite" not in body:
+            console.print(f"[red]bad input:[/] {spec} is not a sweep spec (an object with `suite` and `params`)")
+            raise typer.Exit(2)
+        sweeps = [(body["suite"], body.get("params", {}), name or body.get("name"), body.get("repeats") or repeats)]
+        outs = [out_path]
+    else:
+        sweeps, outs = [(suite, dict(parse_param(p) for p in param), name, repeats)], [out_path]
+    grids = []
+    for s_suite, s_params, _, _ in sweeps:
+        try:
+            grids.append(expand_grid(s_suite, s_params, max_cells=100_000))
+        except SweepInputError as exc:
+            console.print(f"[red]bad input:[/] {exc}")
+            raise typer.Exit(2) from None
+    failed = False
+    for (s_suite, s_params, s_name, s_repeats), cells, path in zip(sweeps, grids, outs, strict=True):
+        rows = _run_locally(s_suite, s_params, cells, s_name, s_repeats, timeout_s, path)
+        failed |= any(r["state"] in FAILED_STATES for r in rows)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _run_locally(suite: str, params, cells: list[dict[str, Any]], name: str | None, repeats: int,
+                 timeout_s: float, out_path: Path | None) -> list[dict[str, Any]]:
+    """One sweep's cells in a warm runner, a progress bar, a table; the rows (and the --out file)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from backend.grid import SweepInputError, expand_grid
     from worker.runner import Runner
     from worker.settings import get_worker_settings
 
-    params = dict(parse_param(p) for p in param)
-    try:
-        cells = expand_grid(suite, params, max_cells=100_000)
-    except SweepInputError as exc:
-        console.print(f"[red]bad input:[/] {exc}")
-        raise typer.Exit(2) from None
     settings = get_worker_settings()
     runner = Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
                     startup_timeout_s=settings.runner_startup_timeout_s)
@@ -288,8 +326,7 @@ def run(suite: str = typer.Argument(..., help="attention | model | ddp | allredu
     out.print(_summary_table(suite, rows))
     if out_path:
         console.print(f"results written to {out_path} (benchlab import {out_path})")
-    if any(r["state"] in FAILED_STATES for r in rows):
-        raise typer.Exit(1)
+    return rows
 
 
 # -- talking to a server --------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 # The GPU checks of a change, on a host with torch in its own environment and no network:
 # install benchlab from a wheelhouse, run the GPU tests (`pytest -m gpu`), then the distributed suites
 # through `benchlab run` on the GPUs there are (1 GPU: one-rank cells, which exercise the CUDA-event
-# timing and the profiler's kernel accounting; 2+ GPUs: see benchmarks/ddp_study.sh).
+# timing and the profiler's kernel accounting; the two-GPU studies are benchmarks/ddp_study.sh).
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON]     (from the repository root)
 # Pass BENCHLAB_COMMIT: a copied tree may carry a stale .git, and the commit recorded must be what ran.
 set -u

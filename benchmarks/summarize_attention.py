@@ -1,9 +1,12 @@
-"""Markdown tables from attention_vs_sdpa JSONL files: TFLOP/s per impl and flash_triton's ratios.
+"""Markdown tables from attention runs: TFLOP/s per impl and flash_triton's ratios.
 
-Several files (one per grid, say) are read as one table set; each file's fingerprint is listed.
+Reads `benchlab run --out` files of `attention` sweeps (e.g. of the study specs in
+benchmarks/specs/), and the per-shape rows the earlier study script wrote (kind "attn", as in
+docs/results/h200/attention_main_534a741.jsonl). Several files (one per grid, say) are read as one
+table set; each file's fingerprint is listed.
 
-    python -m benchmarks.summarize_attention docs/results/h200/attention_main_534a741.jsonl \
-        docs/results/h200/attention_leaderboard_534a741.jsonl > docs/results/h200/attention_summary.md
+    benchlab run --spec benchmarks/specs/attention_vs_sdpa.yaml --out main.jsonl
+    python -m benchmarks.summarize_attention main.jsonl leaderboard.jsonl > summary.md
 """
 from __future__ import annotations
 
@@ -13,14 +16,31 @@ from pathlib import Path
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:
+    """(fingerprint, one row per (impl, shape, causal, dtype) with `<pass>_ms`, `_p20_ms`, `_tflops`)."""
     env, rows = {}, []
+    by_shape: dict[tuple, dict] = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
         if r.get("kind") == "env":
             env = r
         elif r.get("kind") == "attn":
             rows.append(r)
-    return env, rows
+        elif r.get("kind") == "cell":  # a benchlab run file: one cell is one pass of one shape
+            p, m = r["params"], r.get("metrics") or {}
+            shape = [p["batch"], p["heads"], p["seq_len"], p["d_head"]]
+            key = (p["impl"], tuple(shape), p["causal"], p["dtype"])
+            row = by_shape.setdefault(key, {"impl": p["impl"], "shape": shape, "B": shape[0], "H": shape[1],
+                                            "S": shape[2], "D": shape[3], "causal": p["causal"],
+                                            "dtype": p["dtype"]})
+            env = env or r.get("env") or {}
+            pass_ = p["pass"]
+            if r["state"] == "done":
+                row.update({f"{pass_}_ms": m["median_ms"], f"{pass_}_p20_ms": m["p20_ms"],
+                            f"{pass_}_p80_ms": m["p80_ms"], f"{pass_}_tflops": m.get("tflops"),
+                            "samples": m.get("samples")})
+            else:
+                row[f"{pass_}_error"] = f"{r['state']}: {(r.get('error') or '').splitlines()[0][:200]}"
+    return env, rows + list(by_shape.values())
 
 
 def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:

@@ -48,6 +48,29 @@ def test_run_rejects_bad_params_before_running(tmp_path):
     assert p.returncode == 2 and "seq_len" in p.stderr
 
 
+def test_run_a_spec_file_with_a_list_of_grids_and_import_it(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("suite: noop\nname: two grids\nparams:\n- {x: [1, 2]}\n- {x: 3, mode: ok}\n")
+    out = tmp_path / "r.jsonl"
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path / "data")}
+    p = benchlab("run", "--spec", str(spec), "--out", str(out), env=env)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["params"] == [{"x": [1, 2]}, {"x": 3, "mode": "ok"}] and lines[0]["name"] == "two grids"
+    assert [x["params"]["x"] for x in lines[1:]] == [1, 2, 3]
+    imp = benchlab("import", str(out), env=env)
+    assert imp.returncode == 0, imp.stderr
+    assert json.loads(imp.stdout)["jobs"] == 3
+
+
+def test_run_wants_one_of_suite_spec_or_preset(tmp_path):
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
+    both = benchlab("run", "noop", "--preset", "ddp-course-cpu", env=env)
+    assert both.returncode == 2 and "give SUITE" in both.stderr
+    unknown = benchlab("run", "--preset", "nope", env=env)
+    assert unknown.returncode == 2 and "no preset 'nope'" in unknown.stderr
+
+
 def test_import_rejects_a_file_that_is_not_a_run(tmp_path):
     f = tmp_path / "x.jsonl"
     f.write_text('{"hello": 1}\n')
