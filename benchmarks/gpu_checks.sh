@@ -11,7 +11,7 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
 "$py" -m pip install -q --no-index --find-links "$wh" pytest >> "$out/install.log" 2>&1
-timeout 300 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_suites.py > "$out/gpu_tests.log" 2>&1
+timeout 330 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_suites.py > "$out/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -n 3 "$out/gpu_tests.log"
 timeout 200 "$py" -m backend.cli run ddp --out "$out/ddp_1gpu.jsonl" --timeout-s 180 -p device=cuda -p world_size=1 \
   -p size=small -p precision=bf16 -p wrapper=none,bucketed,zero1,fsdp,torch_ddp > "$out/ddp_1gpu.log" 2>&1
