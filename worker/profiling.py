@@ -86,6 +86,8 @@ def step_breakdown(prof, steps: int, on_gpu: bool) -> dict:
         on_device = str(getattr(evt, "device_type", "")).split(".")[-1] == "CUDA"
         if on_gpu != on_device:
             continue
+        if on_device and getattr(evt, "is_user_annotation", False):
+            continue  # a range drawn on the GPU timeline (nccl:_all_gather_base, say) over kernels counted already
         if on_device:
             kernels.append((evt.time_range.start, evt.time_range.end))
         kind = collective_kind(evt.name, on_gpu)

@@ -33,3 +33,51 @@ def test_op_times_are_per_step_self_times_sorted_slowest_first():
     # self times: the matmul op's own time, not counted again under a parent op
     assert "aten::matmul" not in times or times["aten::matmul"]["ms_per_step"] < times["aten::mm"]["ms_per_step"]
     assert op_times_ms(profiled(steps=3), steps=3, on_gpu=True) == {}  # no device events on a CPU profile
+
+
+class _Range:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def elapsed_us(self):
+        return self.end - self.start
+
+
+class _Evt:
+    def __init__(self, name, start, end, device="CUDA", annotation=False):
+        self.name, self.time_range = name, _Range(start, end)
+        self.device_type = f"DeviceType.{device}"
+        self.is_user_annotation = annotation
+
+
+class _Prof:
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+def test_step_breakdown_counts_nccl_kernels_by_kind_and_the_union_of_kernel_time():
+    from worker.profiling import step_breakdown
+
+    prof = _Prof([
+        _Evt("ampere_bf16_gemm", 0, 1000),
+        _Evt("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 500, 1500),  # overlaps the gemm: busy once
+        _Evt("nccl:all_reduce", 500, 1500, annotation=True),  # a GPU-timeline range over it: not counted
+        _Evt("ncclDevKernel_Generic_1(y)", 3000, 3200),
+        _Evt("aten::mm", 0, 5000, device="CPU"),  # host side: not a kernel
+    ])
+    b = step_breakdown(prof, steps=2, on_gpu=True)
+    assert b["comm_by_kind_ms"] == {"AllReduce": 0.5, "ncclDevKernel_Generic_1": 0.1}
+    assert b["comm_ms"] == 0.6
+    assert b["busy_ms"] == (1500 + 200) / 1000 / 2
+
+
+def test_step_breakdown_on_cpu_reads_gloo_collectives_and_skips_barriers():
+    from worker.profiling import step_breakdown
+
+    prof = _Prof([_Evt("gloo:all_reduce", 0, 4000, device="CPU", annotation=True),
+                  _Evt("gloo:barrier", 0, 9000, device="CPU", annotation=True)])
+    assert step_breakdown(prof, steps=1, on_gpu=False) == {"comm_ms": 4.0, "comm_by_kind_ms": {"all_reduce": 4.0},
+                                                           "busy_ms": None}
