@@ -147,3 +147,34 @@ def test_timing_keeps_the_raw_samples_in_order():
     t = Timing.from_samples([3.0, 1.0, 2.0])
     assert t.samples_ms == [3.0, 1.0, 2.0] and t.median_ms == 2.0 and t.samples == 3
     assert t.as_dict()["samples_ms"] == [3.0, 1.0, 2.0]
+
+
+def _profiled_allreduce(rank, world):
+    """Rank body: three 8 MB all-reduces, each bracketed by the host clock, under the profiler."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from worker.profiling import step_breakdown
+
+    x = torch.ones(2 * 2**20)
+    walls = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            walls.append((time.perf_counter() - t0) * 1e3)
+    return step_breakdown(prof, steps=3, on_gpu=False), sum(walls) / 3
+
+
+def test_collective_time_of_a_known_all_reduce_lies_within_the_call():
+    """The profiler's time for an all-reduce is part of the host's bracket around the same call:
+    positive, no longer than the call, and most of it (the rest is Python around the collective)."""
+    from parallel.launch import launch
+
+    for breakdown, wall_ms in launch(_profiled_allreduce, 2, device="cpu"):
+        assert set(breakdown["comm_by_kind_ms"]) == {"all_reduce"}
+        assert 0.3 * wall_ms <= breakdown["comm_ms"] <= wall_ms * 1.05
