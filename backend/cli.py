@@ -537,6 +537,62 @@ def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
                        "no cell of A matches a cell of B (name the params that differ with --ignore)")
 
 
+# -- named tokens ----------------------------------------------------------------------------------
+token_app = typer.Typer(help="Named API tokens (read / write / admin), in the API's database: run where the "
+                             "API's settings are.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+def _token_db():
+    from backend.db import make_engine, prepare_schema, session
+    from backend.settings import get_settings
+
+    settings = get_settings()
+    engine = make_engine(settings)
+    prepare_schema(engine, settings.auto_migrate)
+    return session(engine)
+
+
+@token_app.command("create")
+def token_create(name: str = typer.Option(..., help="what the token is for, e.g. ci"),
+                 scope: str = typer.Option("write", help="read | write | admin")) -> None:
+    """Create a token and print its secret (shown this once; only its hash is kept)."""
+    from backend import tokens
+
+    with _token_db() as db:
+        try:
+            row, secret = tokens.create(db, name, scope)
+        except tokens.TokenError as exc:
+            console.print(f"[red]not created:[/] {exc}")
+            raise typer.Exit(2) from None
+        console.print(f"token {row.name!r} ({row.scope}) created; it is shown this once:")
+    out.print(secret)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Tokens with scope, created, last used and revoked times (never their secrets)."""
+    from backend import tokens
+
+    with _token_db() as db:
+        rows = [{k: v for k, v in r.model_dump().items() if k != "token_hash"} for r in tokens.list_tokens(db)]
+    out.print(json.dumps(rows, indent=1))
+
+
+@token_app.command("revoke")
+def token_revoke(name: str = typer.Argument(...)) -> None:
+    """Revoke a token: it stops working at once."""
+    from backend import tokens
+
+    with _token_db() as db:
+        try:
+            tokens.revoke(db, name)
+        except tokens.TokenError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
+    console.print(f"token {name!r} revoked")
+
+
 # -- the database ---------------------------------------------------------------------------------
 db_app = typer.Typer(help="The database: its schema (upgrade, current) and its content (export, import).",
                      no_args_is_help=True)

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from fastapi import Depends, Header, HTTPException, Request
 from sqlmodel import Session
 
+from backend import tokens
 from backend.changes import ChangeFeed
 from backend.db import session
 from backend.dispatch import Dispatcher
@@ -38,10 +39,27 @@ async def get_changes(request: Request) -> ChangeFeed:
     return request.app.state.changes
 
 
-def _authorize(request: Request, authorization: str | None, write: bool) -> None:
-    """Token in the Authorization header, or (browsers) the session cookie plus, for writes, the CSRF echo."""
+def _named_token(request: Request, authorization: str | None, needed: str) -> bool:
+    """Whether the bearer is a live named token (backend/tokens.py); 403 if its scope is too small."""
+    if not authorization or not authorization.startswith("Bearer bl_"):
+        return False
+    with session(request.app.state.engine) as db:
+        row = tokens.lookup(db, authorization.removeprefix("Bearer "))
+        if row is None:
+            return False
+        if not tokens.scope_allows(row.scope, needed):
+            raise HTTPException(403, detail=f"token {row.name!r} has scope {row.scope}; this needs {needed}")
+    return True
+
+
+def _authorize(request: Request, authorization: str | None, write: bool, needed: str | None = None) -> None:
+    """Token in the Authorization header (BENCHLAB_API_TOKEN, with every scope, or a named token of
+    enough scope), or (browsers) the session cookie plus, for writes, the CSRF echo."""
     settings = request.app.state.settings
-    if not settings.api_token or valid_bearer(settings, authorization):
+    needed = needed or ("write" if write else "read")
+    if not settings.auth_required or valid_bearer(settings, authorization):
+        return
+    if _named_token(request, authorization, needed):
         return
     if valid_session(settings, request.cookies.get(SESSION_COOKIE)):
         if write:
@@ -56,6 +74,10 @@ def _authorize(request: Request, authorization: str | None, write: bool) -> None
 
 async def require_write(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
     _authorize(request, authorization, write=True)
+
+
+async def require_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    _authorize(request, authorization, write=True, needed="admin")
 
 
 async def require_read(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -79,5 +101,6 @@ SettingsDep = Annotated[BackendSettings, Depends(get_app_settings)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 ChangesDep = Annotated[ChangeFeed, Depends(get_changes)]
 WriteAuth = Depends(require_write)
+AdminAuth = Depends(require_admin)
 ReadAuth = Depends(require_read)
 PageAuth = Depends(require_page_read)

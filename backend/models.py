@@ -267,6 +267,44 @@ class DeadLetter(SQLModel, table=True):
     tries: int = 1
 
 
+# -- named API tokens ----------------------------------------------------------------------------------
+TOKEN_SCOPES = ("read", "write", "admin")  # each includes the ones before it
+
+
+class ApiTokenBase(SQLModel):
+    name: str = Field(max_length=100, schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"})
+    scope: str = Field("write", schema_extra={"pattern": "^(read|write|admin)$"})
+
+
+class ApiTokenCreate(ApiTokenBase):
+    """Body of POST /api/tokens."""
+
+
+class ApiToken(ApiTokenBase, table=True):
+    """A named token: only the SHA-256 of its secret is stored (secrets are 32 random bytes, so a fast
+    hash loses nothing); `prefix` is what lists show of it."""
+
+    __tablename__ = "api_token"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    token_hash: str = Field(index=True, unique=True)
+    prefix: str
+    created_at: float = Field(default_factory=time.time)
+    last_used_at: float | None = None
+    revoked_at: float | None = None
+
+
+class ApiTokenPublic(ApiTokenBase):
+    prefix: str
+    created_at: float
+    last_used_at: float | None
+    revoked_at: float | None
+
+
+class ApiTokenCreated(ApiTokenPublic):
+    token: str = Field(description="the secret: shown this once, never stored")
+
+
 class WorkerPublic(SQLModel):
     name: str
     hostname: str

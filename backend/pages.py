@@ -33,7 +33,7 @@ DbId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 def _render(request: Request, name: str, context: dict, status_code: int = 200) -> HTMLResponse:
     settings = request.app.state.settings
     context = {**context, "csp_nonce": request.scope.get("state", {}).get("csp_nonce", ""),
-               "auth_enabled": bool(settings.api_token)}
+               "auth_enabled": settings.auth_required}
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 

@@ -14,7 +14,9 @@ class BackendSettings(SharedSettings):
     database_url: str | None = Field(None, description="default: sqlite:///<data_dir>/benchlab.db")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    protect_reads: bool = Field(False, description="with api_token: reads need the token too")
+    protect_reads: bool = Field(False, description="with api_token (or require_token): reads need a token too")
+    require_token: bool = Field(False, description="writes need a token even without api_token: named tokens "
+                                                   "(`benchlab token create`) only")
     max_grid_cells: int = Field(10_000, gt=0, description="largest grid one sweep may expand to")
     default_queue: str = "default"
     auto_migrate: bool = Field(True, description="the API upgrades the schema at start; false: it refuses and "
@@ -31,6 +33,11 @@ class BackendSettings(SharedSettings):
     artifact_max_total_mb: float | None = Field(None, gt=0, description="the oldest artifacts are removed while "
                                                                         "all of them take more than this")
     reap_interval_s: float = Field(5.0, gt=0, description="how often the recorder looks for lost jobs")
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether writes (and with protect_reads, reads) need a token."""
+        return bool(self.api_token) or self.require_token
 
     @property
     def effective_database_url(self) -> str:
