@@ -38,7 +38,7 @@ def _key(params: dict[str, Any], ignore: set[str]) -> str:
     return json.dumps({k: v for k, v in params.items() if k not in ignore}, sort_keys=True)
 
 
-def _cells(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, dict[str, Any]]:
+def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, dict[str, Any]]:
     """Rows grouped by cell (params less the ignored ones): pooled samples, states, environments."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -59,7 +59,7 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], envs: di
             resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """The comparison of two sweeps' result rows (service.result_rows), as GET /api/compare answers it."""
     ignore_set = set(ignore or [])
-    ca, cb = _cells(rows_a, ignore_set), _cells(rows_b, ignore_set)
+    ca, cb = cells_by_params(rows_a, ignore_set), cells_by_params(rows_b, ignore_set)
     cells, mismatched = [], []
     for key in [k for k in ca if k in cb]:
         a, b = ca[key], cb[key]

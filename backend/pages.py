@@ -19,10 +19,11 @@ from backend import service
 from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Sweep
 from backend.routes.compare import compare_sweeps, load_sweeps
+from backend.routes.history import load_history
 from backend.routes.suites import suite_info
 from backend.security import CSRF_COOKIE, SESSION_COOKIE, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
-from frontend.charts import compare_figure, sweep_figures
+from frontend.charts import compare_figure, history_figure, sweep_figures
 from worker.suites import suite_names
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -127,6 +128,17 @@ def compare(request: Request, db: SessionDep, a: Annotated[int, Query(ge=1, le=2
     return _render(request, "compare.html", {
         "a": sa, "b": sb, "result": result, "keys": keys, "env_diff": _env_diff(*loaded),
         "ignore": ignore, "threshold": threshold, "figure": compare_figure(result)})
+
+
+@router.get("/history", response_class=HTMLResponse, dependencies=[PageAuth])
+def history_page(request: Request, db: SessionDep, suite: Annotated[str, Query(max_length=100)],
+                 params: Annotated[str, Query(max_length=4000)] = "{}",
+                 threshold: Annotated[float, Query(gt=0, lt=1)] = 0.05,
+                 limit: Annotated[int, Query(ge=2, le=500)] = 50,
+                 branch: Annotated[str | None, Query(max_length=200)] = None,
+                 ignore: Annotated[str, Query(max_length=1000)] = ""):
+    result = load_history(db, suite, params, threshold, limit, branch, ignore)
+    return _render(request, "history.html", {"result": result, "branch": branch, "figure": history_figure(result)})
 
 
 # -- signing in (browsers) ---------------------------------------------------------------------------

@@ -365,3 +365,33 @@ def compare_figure(result: dict[str, Any]) -> dict[str, Any] | None:
     fig.update_layout(title=f"B / A median time per cell, 95 % interval (band: +/-{t:.0%}; below 1: B is faster)",
                       yaxis_title="ratio")
     return json.loads(fig.to_json())
+
+
+def history_figure(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Median per sweep with its 95 % interval as a band, one line per cell; regressions as red X."""
+    series = [s for s in result["series"] if s["points"]]
+    if not series:
+        return None
+    params = [s["params"] for s in series]
+    keys = [k for k in sorted({k for p in params for k in p})
+            if len({json.dumps(p.get(k), sort_keys=True) for p in params}) > 1]
+    fig = go.Figure()
+    for i, s in enumerate(series):
+        pts, color = s["points"], PALETTE[i % len(PALETTE)]
+        x = [f"#{p['sweep_id']}" + (f" {p['commit'][:8]}" if p["commit"] else "") for p in pts]
+        name = _label(s["params"], keys) if keys else "cell"
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=[p["ci_high"] for p in pts] + [p["ci_low"] for p in pts][::-1],
+                                 fill="toself", fillcolor=color, opacity=0.15, line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False, legendgroup=name))
+        fig.add_trace(go.Scatter(x=x, y=[p["median_ms"] for p in pts], mode="lines+markers", name=name,
+                                 legendgroup=name, line=dict(color=color)))
+        bad = [(xi, p) for xi, p in zip(x, pts, strict=True) if p["regression"]]
+        if bad:
+            fig.add_trace(go.Scatter(
+                x=[b[0] for b in bad], y=[b[1]["median_ms"] for b in bad], mode="markers", name=f"{name}: slower",
+                legendgroup=name, marker=dict(symbol="x", size=13, color=VERDICT_COLORS["slower"]),
+                hovertext=[f"{b[1]['ratio']:.3f}x the sweep before" for b in bad], hoverinfo="text+x"))
+    fig.update_layout(title=f"{result['suite']}: median per sweep, 95 % interval (slower than the sweep before: x, "
+                            f"threshold {result['threshold']:.0%})", yaxis_title="ms", xaxis_title="sweep (commit)",
+                      height=460)
+    return json.loads(fig.to_json())

@@ -3,6 +3,7 @@ suites that contrast two variants measured in one process (worker/suites/ddp.py)
 
 - `ratio_interval(a, b)`: median(b) / median(a) with a percentile-bootstrap interval;
 - `difference_interval(a, b)`: median(b) - median(a), the same way;
+- `median_interval(a)`: median(a) with a percentile-bootstrap interval;
 - `mann_whitney_p(a, b)`: two-sided Mann-Whitney U p-value.
 Bootstraps draw each side with replacement, `resamples` times, from a seeded generator.
 """
@@ -13,14 +14,18 @@ import math
 import numpy as np
 
 
-def _bootstrap_medians(a: list[float], b: list[float], resamples: int, seed: int):
-    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(xa) == 0 or len(xb) == 0:
+def _resampled_medians(x: list[float], rng, resamples: int):
+    xs = np.asarray(x, dtype=float)
+    if len(xs) == 0:
         raise ValueError("both sides need at least one sample")
+    return float(np.median(xs)), np.median(xs[rng.integers(0, len(xs), (resamples, len(xs)))], axis=1)
+
+
+def _bootstrap_medians(a: list[float], b: list[float], resamples: int, seed: int):
     rng = np.random.default_rng(seed)
-    ma = np.median(xa[rng.integers(0, len(xa), (resamples, len(xa)))], axis=1)
-    mb = np.median(xb[rng.integers(0, len(xb), (resamples, len(xb)))], axis=1)
-    return float(np.median(xa)), float(np.median(xb)), ma, mb
+    med_a, ma = _resampled_medians(a, rng, resamples)
+    med_b, mb = _resampled_medians(b, rng, resamples)
+    return med_a, med_b, ma, mb
 
 
 def _percentiles(draws, level: float) -> tuple[float, float]:
@@ -40,6 +45,13 @@ def difference_interval(a: list[float], b: list[float], resamples: int = 2000, s
     """(median(b) - median(a), low, high) with a percentile bootstrap interval at `level`."""
     med_a, med_b, ma, mb = _bootstrap_medians(a, b, resamples, seed)
     return (med_b - med_a, *_percentiles(mb - ma, level))
+
+
+def median_interval(a: list[float], resamples: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float, float]:
+    """(median(a), low, high) with a percentile bootstrap interval at `level`."""
+    med, draws = _resampled_medians(a, np.random.default_rng(seed), resamples)
+    return (med, *_percentiles(draws, level))
 
 
 def mann_whitney_p(a: list[float], b: list[float]) -> float:

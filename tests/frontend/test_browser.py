@@ -125,6 +125,26 @@ def test_the_cpu_ddp_study_in_one_click_draws_the_bucket_chart_with_references_a
     page.close()
 
 
+def test_history_page_marks_the_sweep_that_got_slower(browser, stack):
+    ids = []
+    for commit, work in (("c1", 20), ("c2", 20), ("c3", 30)):
+        ids.append(stack.submit({"suite": "noop", "tags": {"commit": commit, "branch": "hist"},
+                                 "params": {"work_ms": work, "repeats": 15, "x": 7}})["id"])
+        stack.wait(ids[-1])
+    page = browser.new_page()
+    page.goto(f"{stack.url}/sweeps/{ids[-1]}")
+    page.wait_for_selector("#table-wrap tr[data-state=done] a.history")
+    page.click("#table-wrap tr[data-state=done] a.history")
+    page.wait_for_url("**/history?*")
+    page.goto(page.url + "&branch=hist&ignore=work_ms")  # a slowdown made by asking for longer work
+    page.wait_for_selector("#chart .main-svg", timeout=20000)
+    marks = page.locator("#history-table tr").evaluate_all("rs => rs.map(r => r.dataset.regression)")
+    assert marks[1:] == ["false", "false", "true"]  # header, then c1, c2, c3: the slowdown entered at c3
+    names = page.evaluate("document.getElementById('chart').data.map(t => t.name)")
+    assert any(n and n.endswith("slower") for n in names)
+    page.close()
+
+
 EVIL = "</script><script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">"
 
 

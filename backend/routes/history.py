@@ -1,0 +1,87 @@
+"""/api/history: one cell's median over the sweeps of a suite, regressions marked (backend/history.py)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlmodel import SQLModel, select
+
+from backend import service
+from backend.deps import ReadAuth, SessionDep
+from backend.history import history
+from backend.models import Sweep
+from worker.suites import suite_names
+
+router = APIRouter(prefix="/api", tags=["history"], dependencies=[ReadAuth])
+
+
+class HistoryPoint(SQLModel):
+    sweep_id: int
+    created_at: float
+    commit: str | None
+    branch: str | None
+    median_ms: float
+    ci_low: float
+    ci_high: float
+    n: int
+    ratio: float | None
+    verdict: str | None
+    regression: bool
+
+
+class HistorySeries(SQLModel):
+    params: dict[str, Any]
+    points: list[HistoryPoint]
+
+
+class HistoryPublic(SQLModel):
+    suite: str
+    params: dict[str, Any]
+    threshold: float
+    sweeps: int
+    ignore: list[str]
+    series: list[HistorySeries]
+
+
+def parse_params(text: str) -> dict[str, Any]:
+    try:
+        want = json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        raise HTTPException(422, detail=f"params must be a JSON object of param values: {exc}") from exc
+    if not isinstance(want, dict):
+        raise HTTPException(422, detail="params must be a JSON object of param values, e.g. {\"impl\": \"naive\"}")
+    return want
+
+
+def load_history(db, suite: str, params: str, threshold: float, limit: int, branch: str | None,
+                 ignore: str = "") -> dict:
+    if suite not in suite_names():
+        raise HTTPException(422, detail=f"unknown suite {suite!r}; known suites: {', '.join(suite_names())}")
+    want = parse_params(params)
+    newest = db.exec(select(Sweep).where(Sweep.suite == suite).order_by(Sweep.id.desc()).limit(limit * 4)).all()
+    picked = []
+    for sweep in newest:
+        summary = service.get_summary(db, sweep)
+        if summary["status"] != "done" or (branch and (sweep.tags or {}).get("branch") != branch):
+            continue
+        picked.append((summary, service.result_rows(db, sweep.id)))
+        if len(picked) == limit:
+            break
+    picked.reverse()  # oldest first
+    ignored = {x.strip() for x in ignore.split(",") if x.strip()}
+    return {"suite": suite, "params": want, "threshold": threshold, "sweeps": len(picked),
+            "ignore": sorted(ignored), "series": history(picked, want, threshold, ignore=ignored)}
+
+
+@router.get("/history", response_model=HistoryPublic)
+def get_history(db: SessionDep, suite: str = Query(..., max_length=100),
+                params: str = Query("{}", max_length=4000, description="JSON object: the cells whose params "
+                                                                       "include these values"),
+                threshold: float = Query(0.05, gt=0, lt=1), limit: int = Query(50, ge=2, le=500),
+                branch: str | None = Query(None, max_length=200, description="only sweeps tagged with it"),
+                ignore: str = Query("", max_length=1000, description="comma-separated params that do not tell "
+                                                                     "cells apart (as in /api/compare)")):
+    """For each matching cell, its median with a 95 % interval in each finished sweep of the suite
+    (oldest first, the newest `limit`), each point judged against the one before (`regression`)."""
+    return load_history(db, suite, params, threshold, limit, branch, ignore)

@@ -1,0 +1,57 @@
+"""A cell's history over sweeps: intervals, the regression marked where it entered, the API and page."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.history import history
+from backend.main import create_app
+from backend.settings import BackendSettings
+
+
+def rows(median, seed, impl="a", n=20):
+    rng = random.Random(seed)
+    return [{"params": {"impl": impl, "x": 1}, "state": "done", "env_id": None,
+             "metrics": {"median_ms": median, "samples_ms": [median * rng.uniform(0.99, 1.01) for _ in range(n)]}}]
+
+
+def sweep(i, commit):
+    return {"id": i, "created_at": 1000.0 + i, "tags": {"commit": commit, "branch": "main"}}
+
+
+def test_the_regression_is_marked_at_the_sweep_that_brought_it():
+    runs = [(sweep(1, "c1"), rows(10, 1)), (sweep(2, "c2"), rows(10, 2)), (sweep(3, "c3"), rows(12, 3)),
+            (sweep(4, "c4"), rows(12, 4))]
+    [series] = history(runs, {"impl": "a"})
+    pts = series["points"]
+    assert [p["commit"] for p in pts] == ["c1", "c2", "c3", "c4"]
+    assert [p["regression"] for p in pts] == [False, False, True, False]
+    assert [p["verdict"] for p in pts] == [None, "same", "slower", "same"]
+    assert all(p["ci_low"] <= p["median_ms"] <= p["ci_high"] for p in pts)
+    assert pts[2]["ratio"] == pytest.approx(1.2, rel=0.02)
+
+
+def test_cells_are_matched_on_the_given_params_one_series_each():
+    runs = [(sweep(1, "c1"), rows(10, 1, "a") + rows(5, 1, "b")), (sweep(2, "c2"), rows(10, 2, "a"))]
+    assert [len(s["points"]) for s in history(runs, {})] == [2, 1]
+    assert [s["params"]["impl"] for s in history(runs, {"impl": "b"})] == ["b"]
+    assert history(runs, {"impl": "zzz"}) == []
+
+
+@pytest.fixture
+def client(tmp_path):
+    with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
+        yield c
+
+
+def test_history_api_and_page_refuse_bad_input_by_name(client):
+    assert client.get("/api/history", params={"suite": "nope"}).status_code == 422
+    r = client.get("/api/history", params={"suite": "noop", "params": "[1]"})
+    assert r.status_code == 422 and "JSON object" in r.json()["detail"]
+    assert client.get("/api/history", params={"suite": "noop", "params": "{bad"}).status_code == 422
+    empty = client.get("/api/history", params={"suite": "noop"}).json()
+    assert empty == {"suite": "noop", "params": {}, "threshold": 0.05, "sweeps": 0, "ignore": [], "series": []}
+    page = client.get("/history", params={"suite": "noop", "params": '{"x": 1}'})
+    assert page.status_code == 200 and "History of noop cells" in page.text
