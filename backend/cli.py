@@ -429,6 +429,9 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
        baseline_branch: str = typer.Option("main"),
        threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %"),
        ignore: str = typer.Option("", help="comma-separated params not matched on"),
+       confirm: bool = typer.Option(False, "--confirm", help="run the cells judged slower once more (beside the "
+                                                             "baseline's configuration where it differs only in "
+                                                             "ignored params); slower stands only if confirmed"),
        json_out: Optional[Path] = typer.Option(None, "--json"),
        markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
        timeout_s: float = typer.Option(6 * 3600.0), poll_s: float = typer.Option(1.0)) -> None:
@@ -469,17 +472,73 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
                 console.print(f"[red]cannot judge: no finished {body['suite']} sweep of this grid on branch "
                               f"{baseline_branch!r} to compare with[/] (this one, {sid}, can be the next baseline)")
                 raise typer.Exit(2)
-            c = client.get("/api/compare", params={"a": base_id, "b": sid, "threshold": threshold,
-                                                   "ignore": ",".join(ignored)})
-            if c.status_code != 200:
-                console.print(f"[red]comparison refused ({c.status_code}):[/] {c.text[:300]}")
-                raise typer.Exit(2)
+            result = _compare_or_exit(client, base_id, sid, threshold, ignored)
+            if confirm and result["summary"]["slower"]:
+                result = _confirm(client, result, body, base_id, sid, threshold, ignored, timeout_s, poll_s)
     except httpx.HTTPError as exc:
         console.print(f"[red]cannot reach the server {server}:[/] {exc}")
         raise typer.Exit(2) from None
-    _report_comparison({**c.json(), "baseline": base_id, "sweep": sid},
+    _report_comparison({**result, "baseline": base_id, "sweep": sid},
                        f"benchlab: sweep {sid} against baseline {base_id}\n\n", json_out, markdown_out,
                        "cannot judge: no cell matches the baseline's")
+
+
+def _compare_or_exit(client, a: int, b: int, threshold: float, ignored: list[str]) -> dict:
+    c = client.get("/api/compare", params={"a": a, "b": b, "threshold": threshold, "ignore": ",".join(ignored)})
+    if c.status_code != 200:
+        console.print(f"[red]comparison refused ({c.status_code}):[/] {c.text[:300]}")
+        raise typer.Exit(2)
+    return c.json()
+
+
+def _confirm(client, result: dict, body: dict, base_id: int, sid: int, threshold: float, ignored: list[str],
+             timeout_s: float, poll_s: float) -> dict:
+    """Run the cells judged slower again (and the baseline's cells beside them, when they differ only in
+    ignored params, so both run on this server now); keep `slower` only where the rerun is slower too."""
+    def key(params: dict) -> str:
+        return json.dumps({k: v for k, v in params.items() if k not in ignored}, sort_keys=True)
+
+    slower = {key(c["params"]) for c in result["cells"] if c["verdict"] == "slower"}
+
+    def cells_of(sweep_id: int) -> list[dict]:
+        rows = client.get(f"/api/sweeps/{sweep_id}/results").json()
+        unique = {json.dumps(r["params"], sort_keys=True): r["params"] for r in rows if key(r["params"]) in slower}
+        return list(unique.values())
+
+    def rerun(cells: list[dict], of: int) -> int:
+        again = {k: v for k, v in body.items() if k in ("suite", "repeats", "queue", "timeout_s", "name")}
+        again.update(params=cells, tags={**(body.get("tags") or {}), "confirms": str(of)})
+        r = client.post("/api/sweeps", json=again)
+        if r.status_code != 201:
+            console.print(f"[red]confirmation rejected ({r.status_code}):[/] {r.text[:300]}")
+            raise typer.Exit(2)
+        return r.json()["id"]
+
+    new_cells, base_cells = cells_of(sid), cells_of(base_id)
+    both = sorted(json.dumps(c, sort_keys=True) for c in new_cells) != sorted(json.dumps(c, sort_keys=True)
+                                                                            for c in base_cells)
+    again_base = rerun(base_cells, base_id) if both else base_id
+    again_new = rerun(new_cells, sid)
+    console.print(f"confirming {len(slower)} slower cell(s): sweep {again_new}"
+                  + (f" beside the baseline's configuration, sweep {again_base}" if both else
+                     f" against baseline {base_id}"))
+    for s_id in {again_base, again_new} - {base_id}:
+        summary = _wait_for(client, s_id, timeout_s, poll_s, exit_code=2)
+        bad = {k: summary["counts"][k] for k in FAILED_STATES if summary["counts"][k]}
+        if bad:
+            console.print(f"[red]cannot judge: {bad} cell(s) of confirmation sweep {s_id}[/]")
+            raise typer.Exit(2)
+    second = _compare_or_exit(client, again_base, again_new, threshold, ignored)
+    confirmed = {key(c["params"]) for c in second["cells"] if c["verdict"] == "slower"}
+    for c in result["cells"]:
+        if c["verdict"] == "slower":
+            c["confirmed"] = key(c["params"]) in confirmed
+            if not c["confirmed"]:
+                c["verdict"] = "inconclusive"
+                c["reason"] = f"slower at first, not when run again (sweep {again_new})"
+    result["summary"] = {v: sum(1 for c in result["cells"] if c["verdict"] == v) for v in result["summary"]}
+    result["confirmation"] = {"sweep": again_new, "baseline": again_base, "result": second}
+    return result
 
 
 @app.command("import")

@@ -190,6 +190,18 @@ def test_ci_judges_a_sweep_against_its_baseline_with_exit_codes(stack, tmp_path)
                     "--markdown", str(tmp_path / "slow.md"), env=env)
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert (tmp_path / "slow.md").read_text().count("| slower |") == 2
+    confirmed = benchlab("ci", spec("b", 26), "--server", stack.url, "--ignore", "work_ms", "--confirm",
+                         "--baseline", str(judged["sweep"]),
+                         "--json", str(tmp_path / "confirmed.json"), env=env)
+    assert confirmed.returncode == 1, confirmed.stdout + confirmed.stderr
+    result = json.loads((tmp_path / "confirmed.json").read_text())
+    assert [c["confirmed"] for c in result["cells"]] == [True, True]
+    again = result["confirmation"]
+    # the baseline's configuration (work_ms 20) differs only in an ignored param: it ran again beside
+    assert again["baseline"] != result["baseline"] and again["sweep"] > result["sweep"]
+    rerun = stack.client.get(f"/api/sweeps/{again['baseline']}/results").json()
+    assert {r["params"]["work_ms"] for r in rerun} == {20.0}
+    assert stack.client.get(f"/api/sweeps/{again['sweep']}").json()["tags"]["confirms"] == str(result["sweep"])
     failing = benchlab("ci", spec("c", 20, mode="raise"), "--server", stack.url, env=env)
     assert failing.returncode == 2 and "cannot judge" in failing.stderr
     away = benchlab("ci", spec("a", 20), "--server", stack.url.replace(str(stack.port), "1"), env=env)
