@@ -4,7 +4,10 @@ For each pair of matching cells (same params, apart from the ones the caller ign
 raw per-iteration samples (`samples_ms`, pooled over a cell's repeats):
 
 - ratio = median(B) / median(A), with a 95 % percentile-bootstrap interval: `resamples` draws of
-  each side with replacement (seeded), the ratio of the two medians each time;
+  each side with replacement (seeded), the ratio of the two medians each time. When both sides hold
+  MIN_RUNS_FOR_GROUPED or more runs (repeats) of the cell, the draws are two-level: runs, then
+  samples within them (`interval_over: runs`), so run-to-run drift (clocks, a host-bound cell's
+  host) widens the interval instead of passing for a difference;
 - a two-sided Mann-Whitney U p-value (normal approximation with tie correction);
 - a verdict against a relative threshold t (default 5 %):
   `slower` when the whole interval lies above 1 + t, `faster` when it lies below 1 - t,
@@ -18,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from worker.stats import mann_whitney_p, ratio_interval
+from worker.stats import grouped_ratio_interval, mann_whitney_p, ratio_interval
 
+MIN_RUNS_FOR_GROUPED = 3  # repeats per side from which the interval resamples runs, not just samples
 ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton")
 VERDICTS = ("slower", "faster", "same", "inconclusive")
 
@@ -43,10 +47,13 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         c = out.setdefault(_key(r["params"], ignore), {"params": r["params"], "samples": [], "states": [],
-                                                       "env_ids": set(), "medians": []})
+                                                       "env_ids": set(), "medians": [], "groups": []})
         c["states"].append(r["state"])
         metrics = r["metrics"] or {}
-        c["samples"] += [float(x) for x in metrics.get("samples_ms") or []]
+        run = [float(x) for x in metrics.get("samples_ms") or []]
+        c["samples"] += run
+        if run:
+            c["groups"].append(run)
         if isinstance(metrics.get("median_ms"), (int, float)):
             c["medians"].append(float(metrics["median_ms"]))
         if r.get("env_id"):
@@ -74,7 +81,7 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], envs: di
                 "b": {"median_ms": float(np.median(b["samples"])) if b["samples"] else None, "n": len(b["samples"]),
                       "states": b["states"]},
                 "ratio": None, "ci_low": None, "ci_high": None, "p_value": None, "verdict": "inconclusive",
-                "reason": None}
+                "reason": None, "interval_over": None}
         if (not a["samples"] or not b["samples"]) and a["medians"] and b["medians"]:
             # results recorded before raw samples were kept: the stored medians, with no interval
             ma, mb = float(np.median(a["medians"])), float(np.median(b["medians"]))
@@ -85,7 +92,12 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], envs: di
             cell["reason"] = "no timing samples on " + ("both sides" if not a["samples"] and not b["samples"]
                                                         else "side A" if not a["samples"] else "side B")
         else:
-            ratio, lo, hi = ratio_interval(a["samples"], b["samples"], resamples, seed)
+            if len(a["groups"]) >= MIN_RUNS_FOR_GROUPED and len(b["groups"]) >= MIN_RUNS_FOR_GROUPED:
+                ratio, lo, hi = grouped_ratio_interval(a["groups"], b["groups"], resamples, seed)
+                cell["interval_over"] = "runs"
+            else:
+                ratio, lo, hi = ratio_interval(a["samples"], b["samples"], resamples, seed)
+                cell["interval_over"] = "samples"
             cell.update(ratio=ratio, ci_low=lo, ci_high=hi, p_value=mann_whitney_p(a["samples"], b["samples"]),
                         verdict=verdict(lo, hi, threshold))
             if env_differs and not allow_env_mismatch:

@@ -4,6 +4,9 @@ suites that contrast two variants measured in one process (worker/suites/ddp.py)
 - `ratio_interval(a, b)`: median(b) / median(a) with a percentile-bootstrap interval;
 - `difference_interval(a, b)`: median(b) - median(a), the same way;
 - `median_interval(a)`: median(a) with a percentile-bootstrap interval;
+- `grouped_ratio_interval(groups_a, groups_b)`: the ratio of pooled medians when each side is several
+  runs (repeats) of samples: a two-level bootstrap draws runs with replacement, then samples within
+  each drawn run, so drift from run to run widens the interval instead of passing for a difference;
 - `mann_whitney_p(a, b)`: two-sided Mann-Whitney U p-value.
 Bootstraps draw each side with replacement, `resamples` times, from a seeded generator.
 """
@@ -52,6 +55,27 @@ def median_interval(a: list[float], resamples: int = 2000, seed: int = 0,
     """(median(a), low, high) with a percentile bootstrap interval at `level`."""
     med, draws = _resampled_medians(a, np.random.default_rng(seed), resamples)
     return (med, *_percentiles(draws, level))
+
+
+def _grouped_medians(groups: list[list[float]], rng, resamples: int):
+    arrays = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not arrays:
+        raise ValueError("both sides need at least one sample")
+    draws = np.empty(resamples)
+    for i in range(resamples):
+        picked = rng.integers(0, len(arrays), len(arrays))
+        draws[i] = np.median(np.concatenate([arrays[j][rng.integers(0, len(arrays[j]), len(arrays[j]))]
+                                             for j in picked]))
+    return float(np.median(np.concatenate(arrays))), draws
+
+
+def grouped_ratio_interval(groups_a: list[list[float]], groups_b: list[list[float]], resamples: int = 2000,
+                           seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """(median(pooled b) / median(pooled a), low, high), resampling runs, then samples within runs."""
+    rng = np.random.default_rng(seed)
+    med_a, ma = _grouped_medians(groups_a, rng, resamples)
+    med_b, mb = _grouped_medians(groups_b, rng, resamples)
+    return (med_b / med_a, *_percentiles(mb / ma, level))
 
 
 def mann_whitney_p(a: list[float], b: list[float]) -> float:

@@ -26,6 +26,7 @@ class CompareCell(SQLModel):
     p_value: float | None
     verdict: str
     reason: str | None
+    interval_over: str | None = None
 
 
 class ComparePublic(SQLModel):

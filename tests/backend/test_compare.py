@@ -88,3 +88,36 @@ def test_results_without_samples_fall_back_to_the_stored_medians_unjudged():
     cell = out["cells"][0]
     assert cell["ratio"] == 1.2 and cell["ci_low"] is None and cell["verdict"] == "inconclusive"
     assert "stored medians" in cell["reason"]
+
+
+def test_runs_resampled_when_repeats_exist_keep_drift_from_passing_for_a_difference():
+    """A/A where every run carries its own offset (drift, 4 % spread) and little noise within runs:
+    pooling samples judges most such pairs different; resampling runs keeps false alarms rare."""
+    from worker.stats import grouped_ratio_interval
+
+    def side(rng, runs=4, n=15):
+        offsets = 10 * (1 + rng.normal(0, 0.04, runs))  # one per run
+        return [list(off * (1 + rng.normal(0, 0.005, n))) for off in offsets]
+
+    rng = np.random.default_rng(0)
+    flat_alarms = grouped_alarms = 0
+    trials = 60
+    for seed in range(trials):
+        a, b = side(rng), side(rng)
+        _, lo, hi = ratio_interval(sum(a, []), sum(b, []), resamples=500, seed=seed)
+        flat_alarms += verdict(lo, hi, 0.02) == "slower"
+        _, lo, hi = grouped_ratio_interval(a, b, resamples=500, seed=seed)
+        grouped_alarms += verdict(lo, hi, 0.02) == "slower"
+    assert flat_alarms >= 5  # the pooled interval is blind to drift: false alarms
+    assert grouped_alarms <= 0.05 * trials
+
+
+def test_compare_resamples_runs_from_three_repeats():
+    rng = np.random.default_rng(1)
+
+    def rows(repeats):
+        return [{"params": {"x": 1}, "state": "done", "env_id": None,
+                 "metrics": {"samples_ms": list(rng.normal(10, 0.1, 10))}} for _ in range(repeats)]
+
+    assert compare(rows(3), rows(3), {})["cells"][0]["interval_over"] == "runs"
+    assert compare(rows(2), rows(3), {})["cells"][0]["interval_over"] == "samples"
