@@ -2,6 +2,7 @@
 catches a real slowdown, on real GPU timings.
 
     python -m benchmarks.gating_rates --out gating.json          (on a GPU host)
+    python -m benchmarks.gating_rates --from gating.json --runs 3 --out by_runs.json   (anywhere)
 
 For one attention cell (forward+backward, timed with CUDA events as the suite does), it collects
 blocks of `--n` samples of:
@@ -76,6 +77,38 @@ def rates(blocks_a: list[list[float]], blocks_b: list[list[float]], n: int, thre
     return {v: verdicts.count(v) / len(verdicts) for v in ("slower", "faster", "same", "inconclusive")}
 
 
+def rates_by_runs(blocks_a: list[list[float]], blocks_b: list[list[float]], runs: int, n: int,
+                  threshold: float = 0.05) -> dict:
+    """As `rates`, with each side `runs` blocks (runs, as repeats of a cell are) judged by the engine's
+    run-resampling interval; the blocks are split into disjoint groups of `runs`."""
+    from backend.compare import verdict
+    from worker.stats import grouped_ratio_interval
+
+    verdicts = []
+    for i in range(len(blocks_a) // runs):
+        a = [blk[:n] for blk in blocks_a[i * runs:(i + 1) * runs]]
+        b = [blk[:n] for blk in blocks_b[i * runs:(i + 1) * runs]]
+        _, lo, hi = grouped_ratio_interval(a, b, resamples=2000, seed=i)
+        verdicts.append(verdict(lo, hi, threshold))
+    return {"pairs": len(verdicts), **{v: verdicts.count(v) for v in ("slower", "faster", "same", "inconclusive")}}
+
+
+def regroup(path: Path, runs: int, out: Path) -> int:
+    """Judge a recorded file's blocks again, `runs` blocks a side, by runs (no GPU needed)."""
+    data = json.loads(path.read_text())
+    samples, slow = data["samples"], next(k for k in data if k.startswith("a_b_") and "threshold" not in k)
+    x = slow.removeprefix("a_b_")
+    result = {"source": str(path), "env": data["env"], "shape": data["shape"], "runs": runs,
+              "a_a": {n: rates_by_runs(samples["A"], samples["A2"], runs, n) for n in (10, 30, 100)},
+              f"a_b_{x}": {n: rates_by_runs(samples["A"], samples[f"B{x}"], runs, n) for n in (10, 30, 100)},
+              "a_b_0.03_threshold_0.01": {n: rates_by_runs(samples["A"], samples["B0.03"], runs, n, 0.01)
+                                          for n in (10, 30, 100)}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "env"}, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -84,7 +117,12 @@ def main() -> int:
     ap.add_argument("--slowdown", type=float, default=0.10)
     ap.add_argument("--shape", default="4,16,2048,64")
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--from", dest="source", type=Path, default=None,
+                    help="judge a recorded file again, by runs (see --runs), instead of measuring")
+    ap.add_argument("--runs", type=int, default=3, help="with --from: blocks per side")
     args = ap.parse_args()
+    if args.source is not None:
+        return regroup(args.source, args.runs, args.out)
 
     from worker.harness import fingerprint
 
