@@ -11,7 +11,7 @@ from backend.dispatch import Dispatcher
 from backend.errors import COMMON_ERRORS, install_error_handlers
 from backend.pages import router as pages_router
 from backend.recorder import Recorder
-from backend.routes import compare, health, history, jobs, presets, suites, sweeps, tokens, workers
+from backend.routes import compare, health, history, jobs, plan, presets, suites, sweeps, tokens, workers
 from backend.security import GuardMiddleware
 from backend.settings import BackendSettings, get_settings
 
@@ -46,7 +46,7 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
     app.state.recorder = None
     app.state.waiters = WaiterLimit(settings.max_waiters)
     for r in (health.router, suites.router, sweeps.router, jobs.router, workers.router, compare.router,
-              presets.router, tokens.router, history.router, pages_router):
+              presets.router, tokens.router, history.router, plan.router, pages_router):
         app.include_router(r, responses=COMMON_ERRORS)
     app.add_middleware(GuardMiddleware, settings=settings)
     install_error_handlers(app)

@@ -20,10 +20,11 @@ from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Sweep
 from backend.routes.compare import compare_sweeps, load_sweeps
 from backend.routes.history import load_history
+from backend.routes.plan import make_plan
 from backend.routes.suites import suite_info
 from backend.security import CSRF_COOKIE, SESSION_COOKIE, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
-from frontend.charts import compare_figure, history_figure, sweep_figures
+from frontend.charts import compare_figure, history_figure, planner_figure, sweep_figures
 from worker.suites import suite_names
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
@@ -139,6 +140,34 @@ def history_page(request: Request, db: SessionDep, suite: Annotated[str, Query(m
                  ignore: Annotated[str, Query(max_length=1000)] = ""):
     result = load_history(db, suite, params, threshold, limit, branch, ignore)
     return _render(request, "history.html", {"result": result, "branch": branch, "figure": history_figure(result)})
+
+
+@router.get("/planner", response_class=HTMLResponse, dependencies=[PageAuth])
+def planner_page(request: Request, db: SessionDep, size: Annotated[str, Query(max_length=20)] = "xl",
+                 d_model: Annotated[str, Query(max_length=12)] = "", d_ff: Annotated[str, Query(max_length=12)] = "",
+                 num_layers: Annotated[str, Query(max_length=12)] = "",
+                 num_heads: Annotated[str, Query(max_length=12)] = "",
+                 vocab_size: Annotated[int, Query(gt=0)] = 10_000, seq_len: Annotated[int, Query(gt=0)] = 512,
+                 batch: Annotated[int, Query(gt=0)] = 8, devices: Annotated[int, Query(gt=0, le=1 << 16)] = 8,
+                 memory_gb: Annotated[str, Query(max_length=12)] = "",
+                 tflops: Annotated[str, Query(max_length=12)] = "",
+                 bandwidth_gbps: Annotated[str, Query(max_length=12)] = "", overlap: bool = True,
+                 checkpointing: bool = False):
+    """The planner's form and answer; empty fields mean: the model size's, or measured, or the default."""
+    def number(name: str, text: str, kind=float):
+        try:
+            return kind(text) if text.strip() else None
+        except ValueError:
+            raise HTTPException(422, detail=f"{name}: {text!r} is not a number") from None
+
+    dims = {k: number(k, v, int) for k, v in (("d_model", d_model), ("d_ff", d_ff), ("num_layers", num_layers),
+                                              ("num_heads", num_heads))}
+    result = make_plan(db, size, *dims.values(), vocab_size, seq_len, batch, devices, number("memory_gb", memory_gb),
+                       number("tflops", tflops), number("bandwidth_gbps", bandwidth_gbps), overlap, checkpointing)
+    form = {"size": size, "d_model": d_model, "d_ff": d_ff, "num_layers": num_layers, "num_heads": num_heads,
+            "vocab_size": vocab_size, "seq_len": seq_len, "batch": batch, "devices": devices, "memory_gb": memory_gb,
+            "tflops": tflops, "bandwidth_gbps": bandwidth_gbps}
+    return _render(request, "planner.html", {"result": result, "form": form, "figure": planner_figure(result)})
 
 
 # -- signing in (browsers) ---------------------------------------------------------------------------

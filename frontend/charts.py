@@ -395,3 +395,21 @@ def history_figure(result: dict[str, Any]) -> dict[str, Any] | None:
                             f"threshold {result['threshold']:.0%})", yaxis_title="ms", xaxis_title="sweep (commit)",
                       height=460)
     return json.loads(fig.to_json())
+
+
+def planner_figure(result: dict[str, Any]) -> dict[str, Any]:
+    """Per strategy (and the best FSDP+TP split): compute and communication time per device, memory."""
+    rows = list(result["strategies"]) + ([result["best_split"]] if result.get("best_split") else [])
+    labels = [r["strategy"] + (f" ({r['n_fsdp']}x{r['n_tp']})" if r["strategy"] == "fsdp_tp" else "") for r in rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step per device (ms)", "memory per device (GB)"))
+    fig.add_trace(go.Bar(x=labels, y=[r["compute_s"] * 1e3 for r in rows], name="compute"), row=1, col=1)
+    fig.add_trace(go.Bar(x=labels, y=[r["comm_s"] * 1e3 for r in rows], name="communication"), row=1, col=1)
+    for part in ("params", "grads", "optimizer_state", "activations"):
+        fig.add_trace(go.Bar(x=labels, y=[r["memory"][part] / 1e9 for r in rows], name=part), row=1, col=2)
+    fig.add_hline(y=result["cluster"]["memory_bytes"] / 1e9, line=dict(dash="dash", color="#d62728"),
+                  annotation_text="device memory", row=1, col=2)
+    fig.update_layout(barmode="group", height=420, title=f"{result['cluster']['devices']} devices")
+    fig.update_layout(barmode="relative")  # memory parts stack; the time bars sit side by side below
+    fig.update_traces(offsetgroup="time", selector=dict(name="compute"))
+    fig.update_traces(offsetgroup="comm", selector=dict(name="communication"))
+    return json.loads(fig.to_json())

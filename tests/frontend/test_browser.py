@@ -145,6 +145,20 @@ def test_history_page_marks_the_sweep_that_got_slower(browser, stack):
     page.close()
 
 
+def test_planner_page_draws_its_chart_and_every_strategy(browser, stack):
+    page = browser.new_page()
+    page.goto(stack.url + "/")
+    page.click("a[href='/planner']")
+    page.wait_for_selector("#chart .main-svg", timeout=20000)
+    strategies = page.locator("#plan-table tbody tr").evaluate_all("rs => rs.map(r => r.dataset.strategy)")
+    assert strategies[:3] == ["dp", "fsdp", "tp"] and set(strategies[3:]) == {"fsdp_tp"}
+    page.fill("#p-devices", "16")
+    page.click("#plan-form button")
+    page.wait_for_selector("#chart .main-svg", timeout=20000)
+    assert "16 devices" in page.evaluate("document.getElementById('chart').layout.title.text")
+    page.close()
+
+
 EVIL = "</script><script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">"
 
 

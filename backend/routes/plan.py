@@ -1,0 +1,112 @@
+"""/api/plan and the planner page's numbers: backend/planner.py fed by benchlab's own measurements."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlmodel import SQLModel, select
+
+from backend import commfit, service
+from backend.deps import ReadAuth, SessionDep
+from backend.models import Sweep
+from backend.planner import Cluster, Model, plan, predict_measured
+
+router = APIRouter(prefix="/api", tags=["planner"], dependencies=[ReadAuth])
+
+# used when neither the caller nor a measurement gives them: the H200's datasheet (dense bf16 matmul;
+# NVLink, per direction)
+REFERENCE_TFLOPS, REFERENCE_GBPS, REFERENCE_MEMORY_GB = 989.0, 450.0, 141.0
+
+
+def measured_inputs(db) -> dict[str, Any]:
+    """C and W from benchlab's own results: the newest model-suite cell with a measured matmul peak,
+    and the all-reduce fit of the newest multi-GPU allreduce sweep (bus bandwidth)."""
+    found: dict[str, Any] = {}
+    for sweep in db.exec(select(Sweep).where(Sweep.suite.in_(("model", "allreduce")))
+                         .order_by(Sweep.id.desc()).limit(100)).all():
+        rows = service.result_rows(db, sweep.id)
+        if sweep.suite == "model" and "flops" not in found:
+            peaks = [r["metrics"].get("peak_tflops_measured") for r in rows if r["state"] == "done"
+                     and (r["metrics"] or {}).get("peak_tflops_measured")]
+            if peaks:
+                found["flops"] = {"tflops": max(peaks), "source": f"model sweep #{sweep.id} (measured matmul peak)"}
+        if sweep.suite == "allreduce" and "bandwidth" not in found:
+            worlds = sorted({r["params"].get("world_size") for r in rows
+                             if r["state"] == "done" and (r["metrics"] or {}).get("backend") == "nccl"
+                             and r["params"].get("world_size", 1) > 1})
+            for n in worlds:
+                try:
+                    fit = commfit.fit_latency_bandwidth(commfit.allreduce_points(rows, n))
+                except ValueError:
+                    continue
+                bus = fit["w_gbps"] * 2 * (n - 1) / n
+                found["bandwidth"] = {"gbps": bus, "latency_us": fit["o_ms"] * 1e3,
+                                      "source": f"allreduce sweep #{sweep.id} ({n} GPUs, fitted bus bandwidth)"}
+                break
+        if len(found) == 2:
+            break
+    return found
+
+
+def make_plan(db, size: str, d_model: int | None, d_ff: int | None, num_layers: int | None,
+              num_heads: int | None, vocab_size: int, seq_len: int, batch: int, devices: int,
+              memory_gb: float | None, tflops: float | None, bandwidth_gbps: float | None, overlap: bool,
+              checkpointing: bool) -> dict:
+    from kernels.names import MODEL_SIZES  # torch-free; imported here as the backend's import rule asks
+
+    if size == "custom":
+        dims = (d_model, d_ff, num_layers, num_heads)
+        if any(x is None for x in dims):
+            raise HTTPException(422, detail="size=custom needs d_model, d_ff, num_layers and num_heads")
+    elif size in MODEL_SIZES:
+        s = MODEL_SIZES[size]
+        dims = (s.d_model, s.d_ff, s.num_layers, s.num_heads)
+    else:
+        raise HTTPException(422, detail=f"unknown size {size!r}; choose from {', '.join(MODEL_SIZES)}, custom")
+    measured = measured_inputs(db)
+    sources = {
+        "flops": "entered" if tflops else measured.get("flops", {}).get("source", "H200 datasheet (dense bf16)"),
+        "bandwidth": "entered" if bandwidth_gbps else measured.get("bandwidth", {}).get(
+            "source", "H200 datasheet (NVLink, per direction)"),
+        "memory": "entered" if memory_gb else "H200 (141 GB)"}
+    c = Cluster(devices, (memory_gb or REFERENCE_MEMORY_GB) * 1e9,
+                (tflops or measured.get("flops", {}).get("tflops") or REFERENCE_TFLOPS) * 1e12,
+                (bandwidth_gbps or measured.get("bandwidth", {}).get("gbps") or REFERENCE_GBPS) * 1e9, overlap)
+    result = plan(Model(*dims, vocab_size=vocab_size, seq_len=seq_len), batch, c, checkpointing=checkpointing)
+    result["sources"] = sources
+    ddp_rows = []
+    for sweep in db.exec(select(Sweep).where(Sweep.suite == "ddp").order_by(Sweep.id.desc()).limit(20)).all():
+        ddp_rows += service.result_rows(db, sweep.id)
+    result["measured"] = predict_measured(ddp_rows, c)
+    return result
+
+
+class PlanPublic(SQLModel):
+    model: dict[str, Any]
+    batch: int
+    tokens: int
+    cluster: dict[str, Any]
+    precision: dict[str, Any]
+    checkpointing: bool
+    strategies: list[dict[str, Any]]
+    fsdp_tp_splits: list[dict[str, Any]]
+    best_split: dict[str, Any] | None
+    max_devices_before_comm_bound: dict[str, int | None]
+    sources: dict[str, str]
+    measured: list[dict[str, Any]]
+
+
+@router.get("/plan", response_model=PlanPublic)
+def get_plan(db: SessionDep, size: str = Query("xl", max_length=20), d_model: int | None = Query(None, gt=0),
+             d_ff: int | None = Query(None, gt=0), num_layers: int | None = Query(None, gt=0),
+             num_heads: int | None = Query(None, gt=0), vocab_size: int = Query(10_000, gt=0),
+             seq_len: int = Query(512, gt=0, le=1 << 20), batch: int = Query(8, gt=0, le=1 << 20),
+             devices: int = Query(8, gt=0, le=1 << 16), memory_gb: float | None = Query(None, gt=0),
+             tflops: float | None = Query(None, gt=0), bandwidth_gbps: float | None = Query(None, gt=0),
+             overlap: bool = True, checkpointing: bool = False) -> dict:
+    """FLOPs, communication, time and memory per device for DP, FSDP, TP and every FSDP+TP split on
+    `devices` devices; the largest device count before each becomes communication-bound; and
+    benchlab's measured ddp cells beside their predictions. C and W: as entered, else measured, else
+    the H200's datasheet (`sources` says which)."""
+    return make_plan(db, size, d_model, d_ff, num_layers, num_heads, vocab_size, seq_len, batch, devices,
+                     memory_gb, tflops, bandwidth_gbps, overlap, checkpointing)

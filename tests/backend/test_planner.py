@@ -1,0 +1,112 @@
+"""The planner's formulas against numbers worked out by hand (docs/planner.md)."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.main import create_app
+from backend.planner import (
+    Cluster,
+    Model,
+    Precision,
+    comm_bytes,
+    max_devices_before_comm_bound,
+    memory,
+    plan,
+    plan_one,
+    predict_measured,
+    step_flops,
+)
+from backend.settings import BackendSettings
+
+# a small model whose numbers are easy to follow: D 1000, F 4000, 10 layers, V 1000, S 100
+M = Model(d_model=1000, d_ff=4000, num_layers=10, num_heads=10, vocab_size=1000, seq_len=100)
+P = Precision()  # fp32 weights / grads / comm, Adam 8 bytes, bf16 activations
+
+
+def test_parameter_count():
+    # per layer 4 D^2 + 3 D F = 4e6 + 12e6 = 16e6; 10 layers 160e6; embedding + head 2 V D = 2e6
+    assert M.layer_params == 16_000_000 and M.params == 162_000_000
+
+
+def test_flops_of_a_step():
+    # batch 2: T = 200 tokens. matmuls 2 T (L (4D^2 + 3DF) + V D) = 400 * 161e6 = 64.4e9
+    # attention 2 T S D L = 2 * 200 * 100 * 1000 * 10 = 0.4e9 (causal half of 4 T S D)
+    f = step_flops(M, batch=2)
+    assert f["fwd"] == pytest.approx(64.4e9 + 0.4e9) and f["step"] == pytest.approx(3 * 64.8e9)
+
+
+def test_communication_per_device_by_strategy():
+    n = 4
+    # the weights in fp32: 162e6 * 4 = 648 MB
+    # DP: a ring all-reduce sends 2 (N-1)/N of the gradients: 2 * 3/4 * 648e6 = 972e6, all in backward
+    dp = comm_bytes(M, 2, "dp", n, 1, P)
+    assert dp["fwd"] == 0 and dp["bwd"] == pytest.approx(972e6)
+    # FSDP: gather in forward (3/4 * 648e6 = 486e6), gather + reduce-scatter in backward (972e6)
+    fsdp = comm_bytes(M, 2, "fsdp", n, 1, P)
+    assert fsdp["fwd"] == pytest.approx(486e6) and fsdp["bwd"] == pytest.approx(972e6)
+    # TP: per layer 2 all-reduces of T D bf16 activations each way: 2 * (2 * 3/4 * 200 * 1000 * 2) = 1.2e6
+    tp = comm_bytes(M, 2, "tp", 1, n, P)
+    assert tp["fwd"] == pytest.approx(10 * 1.2e6) and tp["bwd"] == pytest.approx(10 * 1.2e6)
+    # ZeRO-1: DP's all-reduce plus broadcasting the updated parameters: 3/4 * 648e6 = 486e6 more
+    assert comm_bytes(M, 2, "zero1", n, 1, P)["step"] == pytest.approx(972e6 + 486e6)
+    # FSDP+TP 2 x 2: FSDP over a half shard (3 * 1/2 * 324e6 = 486e6), TP over half the tokens
+    both = comm_bytes(M, 2, "fsdp_tp", 2, 2, P)
+    assert both["data"] == pytest.approx(486e6)
+    assert both["tensor"] == pytest.approx(10 * 2 * 2 * 2 * 0.5 * 100 * 1000 * 2)
+
+
+def test_memory_per_device():
+    # DP keeps everything: 162e6 * (4 + 4 + 8) = 2.592e9; FSDP over 4 a quarter of it
+    assert sum(v for k, v in memory(M, 8, "dp", 4, 1, P).items() if k != "activations") == pytest.approx(2.592e9)
+    assert memory(M, 8, "fsdp", 4, 1, P)["optimizer_state"] == pytest.approx(162e6 * 8 / 4)
+    assert memory(M, 8, "zero1", 4, 1, P)["params"] == pytest.approx(162e6 * 4)  # only optimizer state split
+    assert memory(M, 8, "zero1", 4, 1, P)["optimizer_state"] == pytest.approx(162e6 * 2)
+    # activations, DP over 4: T' = 8 * 100 / 4 = 200 tokens; per layer T' D (10 + 24) * 2 / 2 = 6.8e6
+    assert memory(M, 8, "dp", 4, 1, P)["activations"] == pytest.approx(10 * 6.8e6)
+    # checkpointing keeps each layer's input (T' D 2 = 0.4e6) and one layer's full set
+    assert memory(M, 8, "dp", 4, 1, P, checkpointing=True)["activations"] == pytest.approx(10 * 0.4e6 + 6.8e6)
+
+
+def test_when_data_parallelism_becomes_communication_bound():
+    # DP compute per device: 3 * 64.8e9 * (batch/2) / N / C; comm: 2 (N-1)/N 648e6 / W.
+    # batch 64: step FLOPs 3 * 64.8e9 * 32 = 6.2208e12. C = 1e12, W = 1e9:
+    # N = 2: compute 3.11 s, comm 0.648 s -> compute-bound; N = 8: 0.778 s vs 1.134 s -> bound
+    c = Cluster(devices=8, memory_bytes=80e9, flops=1e12, bandwidth=1e9)
+    assert not plan_one(M, 64, c, "dp", 2, 1, P)["comm_bound"]
+    row = plan_one(M, 64, c, "dp", 8, 1, P)
+    assert row["compute_s"] == pytest.approx(6.2208e12 / 8 / 1e12) and row["comm_s"] == pytest.approx(1.134)
+    assert row["comm_bound"] and row["step_s"] == pytest.approx(1.134)
+    # N = 4: 1.5552 s vs 0.972 s: the largest power of two that is not bound
+    assert max_devices_before_comm_bound(M, 64, c, "dp", P) == 4
+    no_overlap = plan_one(M, 64, Cluster(8, 80e9, 1e12, 1e9, overlap=False), "dp", 8, 1, P)
+    assert no_overlap["step_s"] == pytest.approx(0.7776 + 1.134)
+
+
+def test_plan_lists_every_split_and_prefers_what_fits():
+    result = plan(M, 64, Cluster(devices=8, memory_bytes=80e9, flops=1e12, bandwidth=1e9))
+    assert [r["strategy"] for r in result["strategies"]] == ["dp", "fsdp", "tp"]
+    assert sorted((r["n_fsdp"], r["n_tp"]) for r in result["fsdp_tp_splits"]) == [(2, 4), (4, 2)]
+    assert result["best_split"]["step_s"] == min(r["step_s"] for r in result["fsdp_tp_splits"])
+
+
+def test_measured_cells_get_their_predictions():
+    rows = [{"job_id": 1, "state": "done", "params": {"wrapper": "bucketed", "world_size": 2},
+             "metrics": {"backend": "nccl", "world_size": 2, "median_ms": 100.0, "peak_mem_bytes": 4e9,
+                         "model": {"d_model": 1000, "d_ff": 4000, "num_layers": 10, "num_heads": 10,
+                                   "context_length": 100, "batch": 4}}},
+            {"job_id": 2, "state": "done", "params": {"wrapper": "none"}, "metrics": {"backend": "nccl"}}]
+    [r] = predict_measured(rows, Cluster(2, 80e9, 1e12, 1e9))
+    expected = plan_one(Model(1000, 4000, 10, 10, 10_000, 100), 8, Cluster(2, 80e9, 1e12, 1e9), "dp", 2, 1, P)
+    assert r["predicted_step_ms"] == pytest.approx(expected["step_s"] * 1e3)
+    assert r["step_ratio"] == pytest.approx(100.0 / r["predicted_step_ms"])
+
+
+def test_plan_api_validates_and_names_its_sources(tmp_path):
+    with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
+        r = c.get("/api/plan", params={"size": "small", "devices": 4, "tflops": 500})
+        assert r.status_code == 200 and r.json()["sources"]["flops"] == "entered"
+        assert "datasheet" in r.json()["sources"]["bandwidth"]
+        assert c.get("/api/plan", params={"size": "huge"}).status_code == 422
+        assert c.get("/api/plan", params={"size": "custom", "d_model": 64}).status_code == 422
+        assert c.get("/planner", params={"tflops": "fast"}).status_code == 422
