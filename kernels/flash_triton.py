@@ -513,9 +513,15 @@ def _strides(x: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(x.stride())  # type: ignore[return-value]
 
 
+# How fp32 inputs are multiplied: "tf32" one TF32 pass (10-bit mantissa, ~1e-3 relative error),
+# "tf32x3" three TF32 passes that recover ~fp32 accuracy (what cuBLAS and SDPA's fp32 paths do),
+# "ieee" full fp32 FMAs without tensor cores. fp16 and bf16 inputs always multiply exactly.
+FP32_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
 def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
-    if fp32_precision not in ("tf32", "ieee"):
-        raise ValueError(f"fp32_precision must be 'tf32' or 'ieee', got {fp32_precision!r}")
+    if fp32_precision not in FP32_PRECISIONS:
+        raise ValueError(f"fp32_precision must be one of {', '.join(FP32_PRECISIONS)}, got {fp32_precision!r}")
     return fp32_precision if dtype == torch.float32 else "ieee"
 
 
@@ -542,16 +548,20 @@ class LaunchOptions:
     autotune: bool = True
     tile_major: bool | None = None
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
+    key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
         unknown = set(self.pinned) - set(KERNELS)
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(KERNELS)}")
+        pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
+        object.__setattr__(self, "key", (self.autotune, self.tile_major, pinned))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
 _SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
 _TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned}
+_HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq}
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -591,6 +601,79 @@ def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
     return lambda meta: (triton.cdiv(n_rows, meta[block]), zh)
 
 
+# ----------------------------------------------------------------------------------------------
+# launch plans: the per-call Python work, done once per call signature
+# ----------------------------------------------------------------------------------------------
+# Launching through Triton costs tens of microseconds of Python per kernel: binding ~35 arguments,
+# specialising each (is it 1? a multiple of 16? is the pointer 16-byte aligned?), hashing that,
+# and the autotuner's and heuristics' own wrappers. Four launches per forward+backward made the
+# kernel host-bound below ~1 ms of GPU work. None of it depends on the data, only on the call's
+# signature: device, dtype, shapes, strides, pointer alignment, causal, precision and options.
+# So the first call of a signature goes through Triton (compiling or autotuning as needed) and
+# keeps the compiled kernel, its constexprs and its grid as a plan; later calls hand the compiled
+# kernel the new pointers directly. Nothing synchronises, so calls capture into a CUDA graph.
+_PLANS: dict[tuple, object] = {}
+MAX_PLANS = 4096  # distinct signatures kept; past this the table starts over (a sweep over shapes)
+
+
+def _signature(*tensors: torch.Tensor) -> tuple:
+    """The part of a launch signature that comes from tensors: shape, strides and 16-byte alignment."""
+    return tuple((t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors)
+
+
+def _make_plan(jit_fn, compiled, args: tuple, constexprs: dict, config: triton.Config | None, grid):
+    """A callable `plan(*args)` that launches `compiled` with new runtime arguments, or None when
+    this Triton's compiled kernels cannot be launched directly (then every call goes through Triton).
+
+    Triton's compiled-kernel launcher takes every parameter in signature order, constexprs included
+    (it skips them); the constexprs are fixed per plan, so they are appended once here.
+    """
+    if compiled is None or not hasattr(compiled, "__getitem__"):
+        return None
+    named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
+    named.update(constexprs)
+    if config is not None:
+        named.update(config.kwargs)
+        named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items()})
+    if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
+        return None
+    tail = tuple(named[name] for name in jit_fn.arg_names[len(args):])
+    runner = compiled[grid(named) if callable(grid) else grid]
+
+    def plan(*new_args):
+        runner(*new_args, *tail)
+    return plan
+
+
+def _launch(which: str, jit_fn, key: tuple | None, grid, args: tuple, constexprs: dict,
+            q: torch.Tensor, head_dim: int, options: LaunchOptions) -> None:
+    """Launch kernel `which` (fwd, dkdv, dq or pre) with runtime `args` in signature order.
+
+    `key` names the call signature (None: no plan, e.g. under the interpreter). The first launch of
+    a key picks the config (pinned, autotuned or first fitting) and records a plan for the rest.
+    """
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None:
+        plan(*args)
+        return
+    if which == "pre":
+        kernel, fixed, config = jit_fn, {}, None
+    else:
+        kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
+        config = _TUNED[which].best_config if kernel is _TUNED[which] else triton.Config(
+            {"BLOCK_M": fixed["BLOCK_M"], "BLOCK_N": fixed["BLOCK_N"]})
+    compiled = kernel[grid](*args, **constexprs, **fixed)
+    if key is not None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = _make_plan(jit_fn, compiled, args, constexprs, config, grid)
+
+
+def clear_launch_plans() -> None:
+    """Forget every launch plan (the next call of each signature goes through Triton again)."""
+    _PLANS.clear()
+
+
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                             fp32_precision: str = "tf32", out: torch.Tensor | None = None,
                             options: LaunchOptions = DEFAULT_OPTIONS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -612,73 +695,141 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     out = o4.view(q.shape)
     if out.numel() == 0:
         return out, lse
+    precision = _precision(q.dtype, fp32_precision)
+    is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    block_d = max(16, triton.next_power_of_2(d))
-    kernel, fixed = _launch_config(_fwd, "fwd", q, d, options)
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
-    kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](q4, k4, v4, o4, lse,
-                 *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
-                 H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)),
-                 IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d,
-                 INPUT_PRECISION=_precision(q.dtype, fp32_precision), TILE_MAJOR=tile_major, **fixed)
+    key = None
+    if q.is_cuda:
+        key = ("fwd", q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4))
+    args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
+            H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
+    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                      INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
+    _launch("fwd", _fwd_kernel, key, _grid(n_q, "BLOCK_M", Z * H, tile_major), args, constexprs, q, d, options)
     return out, lse
 
 
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the three backward kernels. Returns (dQ, dK, dV) shaped and typed like q, k, v."""
+    """Run the three backward kernels (Delta, dK/dV, dQ). Returns (dQ, dK, dV) shaped and typed like q, k, v.
+
+    `lse` is the forward's L (contiguous, fp32, q.shape[:-1]).
+    """
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    q4, k4, v4, o4, do4 = (_as_zhnd(t) for t in (q, k, v, out, grad_out.to(q.dtype)))
+    if grad_out.dtype != q.dtype:
+        grad_out = grad_out.to(q.dtype)
+    q4, k4, v4, o4, do4 = (_as_zhnd(t) for t in (q, k, v, out, grad_out))
     dq4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
     dk4 = torch.empty(k4.shape, dtype=k.dtype, device=k.device)
     dv4 = torch.empty(v4.shape, dtype=v.dtype, device=v.device)
     dq, dk, dv = dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
     if n_q == 0 or n_k == 0 or q.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    precision = _precision(q.dtype, fp32_precision)
+    is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
     block_d = max(16, triton.next_power_of_2(d))
-    precision = _precision(q.dtype, fp32_precision)
-    bucket = _seq_bucket(max(n_q, n_k))
+    tile_major = _tile_major(is_causal, k, v, options.tile_major)
+    sig = None
+    if q.is_cuda:
+        sig = (q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4, do4))
 
     delta = torch.empty_like(lse)
-    pre_block = 64
-    _bwd_preprocess[(Z * H, triton.cdiv(n_q, pre_block))](
-        o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
+    pre_block = 64  # Delta is one pass over O and dO: bandwidth-bound, any tile that fills the GPU
+    _launch("pre", _bwd_preprocess, sig and ("pre", *sig), (Z * H, triton.cdiv(n_q, pre_block)),
+            (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q),
+            dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block), q, d, options)
 
-    kernel, fixed = _launch_config(_dkdv, "dkdv", q, d, options)
-    tile_major = _tile_major(is_causal, k, v, options.tile_major)
-    kernel[_grid(n_k, "BLOCK_N", Z * H, tile_major)](
-        q4, k4, v4, do4, lse, delta, dk4, dv4,
-        *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
-        H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
-        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
-        TILE_MAJOR=tile_major, **fixed)
-
-    kernel, fixed = _launch_config(_dq, "dq", q, d, options)
-    kernel[_grid(n_q, "BLOCK_M", Z * H, tile_major)](
-        q4, k4, v4, do4, lse, delta, dq4,
-        *_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dq4),
-        H, n_q, n_k, sm_scale, sm_scale * LOG2E, bucket,
-        IS_CAUSAL=bool(is_causal), HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
-        TILE_MAJOR=tile_major, **fixed)
+    common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
+    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
+                      TILE_MAJOR=tile_major)
+    _launch("dkdv", _bwd_dkdv_kernel, sig and ("dkdv", *sig), _grid(n_k, "BLOCK_N", Z * H, tile_major),
+            (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
+             *_strides(do4), *_strides(dk4), *_strides(dv4), *common), constexprs, q, d, options)
+    _launch("dq", _bwd_dq_kernel, sig and ("dq", *sig), _grid(n_q, "BLOCK_M", Z * H, tile_major),
+            (q4, k4, v4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
+             *_strides(do4), *_strides(dq4), *common), constexprs, q, d, options)
     return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------
+# custom ops: what torch.compile sees
+# ----------------------------------------------------------------------------------------------
+# Dynamo cannot trace the launchers (Python caches, Triton's own wrappers), so under torch.compile
+# the kernels run as two opaque ops with fake (shape-only) implementations: the graph keeps
+# attention as one node each way instead of breaking around it. Eager calls skip the dispatcher
+# and call the launchers directly, which keeps their host cost at the launch plans' level.
+_FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool is_causal, str fp32_precision) -> (Tensor, Tensor)"
+_BWD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool is_causal, "
+               "str fp32_precision) -> (Tensor, Tensor, Tensor)")
+
+
+def _register_ops():
+    """Define benchlab::flash_attention_fwd and benchlab::flash_attention_bwd (once per process)."""
+    try:  # a second copy of this file in one process (benchmarks/flash_ab.py) reuses the first's ops
+        return torch.ops.benchlab.flash_attention_fwd, torch.ops.benchlab.flash_attention_bwd
+    except (AttributeError, RuntimeError):
+        pass
+
+    def fwd_impl(q, k, v, is_causal, fp32_precision):
+        return flash_attention_forward(q, k, v, is_causal, fp32_precision)
+
+    def bwd_impl(grad_out, q, k, v, out, lse, is_causal, fp32_precision):
+        return flash_attention_backward(q, k, v, out, lse, grad_out, is_causal, fp32_precision)
+
+    fwd_op = torch.library.custom_op("benchlab::flash_attention_fwd", fwd_impl, mutates_args=(),
+                                     schema=_FWD_SCHEMA)
+    bwd_op = torch.library.custom_op("benchlab::flash_attention_bwd", bwd_impl, mutates_args=(),
+                                     schema=_BWD_SCHEMA)
+
+    @fwd_op.register_fake
+    def _(q, k, v, is_causal, fp32_precision):
+        _check_inputs(q, k, v)
+        _precision(q.dtype, fp32_precision)
+        return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+    @bwd_op.register_fake
+    def _(grad_out, q, k, v, out, lse, is_causal, fp32_precision):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, is_causal, fp32_precision = inputs
+        ctx.save_for_backward(q, k, v, output[0], output[1])
+        ctx.is_causal, ctx.fp32_precision = is_causal, fp32_precision
+
+    def backward(ctx, grad_out, _grad_lse):  # L is an internal output: its gradient is not propagated
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.ops.benchlab.flash_attention_bwd(grad_out, q, k, v, out, lse, ctx.is_causal,
+                                                             ctx.fp32_precision)
+        return dq, dk, dv, None, None
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return torch.ops.benchlab.flash_attention_fwd, torch.ops.benchlab.flash_attention_bwd
+
+
+_fwd_op, _bwd_op = _register_ops()
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 forward and backward in Triton. `.apply(q, k, v, is_causal=False)`.
 
-    fp32 inputs use TF32 tensor-core dot products by default; pass fp32_precision="ieee" as a
-    fifth argument for full-fp32 products. A sixth, LaunchOptions, sets tiles and grid order.
+    fp32 inputs use TF32 tensor-core dot products by default; pass fp32_precision ("tf32x3" or
+    "ieee", see FP32_PRECISIONS) as a fifth argument. A sixth, LaunchOptions, sets tiles and grid
+    order (eager only). Under torch.compile (including `torch.compile(FlashAttentionTriton.apply)`)
+    both directions run as the custom ops above, so the graph does not break.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, fp32_precision="tf32", options=None):
-        options = options or DEFAULT_OPTIONS
-        out, lse = flash_attention_forward(q, k, v, bool(is_causal), fp32_precision, options=options)
+        if torch.compiler.is_compiling():
+            out, lse = _fwd_op(q, k, v, bool(is_causal), fp32_precision)
+        else:
+            out, lse = flash_attention_forward(q, k, v, is_causal, fp32_precision,
+                                               options=options or DEFAULT_OPTIONS)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = bool(is_causal)
         ctx.fp32_precision = fp32_precision
@@ -688,8 +839,11 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         lse, q, k, v, out = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.fp32_precision,
-                                              ctx.options)
+        if torch.compiler.is_compiling():
+            dq, dk, dv = _bwd_op(grad_out, q, k, v, out, lse, ctx.is_causal, ctx.fp32_precision)
+        else:
+            dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.fp32_precision,
+                                                  ctx.options or DEFAULT_OPTIONS)
         return dq, dk, dv, None, None, None
 
 

@@ -54,12 +54,8 @@ def _flash_pytorch(q, k, v, is_causal):
 def _flash_triton(q, k, v, is_causal):
     from kernels.flash_triton import FlashAttentionTriton
 
+    # under torch.compile this runs as the custom ops benchlab::flash_attention_fwd/bwd: no graph break
     return FlashAttentionTriton.apply(q, k, v, is_causal)
-
-
-# torch.compile (dynamo) cannot trace this autograd.Function's Triton launches (it fails building a
-# guard source); compiled models call it eagerly, with a graph break around attention.
-_flash_triton = torch.compiler.disable(_flash_triton)
 
 
 def get_attention(name: str) -> AttentionFn:

@@ -129,6 +129,43 @@ def test_attention_suite_skips_cuda_backends_on_cpu(tmp_path):
         run("attention", tmp_path, impl="sdpa_flash", device="cpu", seq_len=8)
 
 
+def test_attention_suite_records_its_error_against_float64(tmp_path):
+    m = run("attention", tmp_path, impl="naive", device="cpu", batch=1, heads=3, seq_len=40, d_head=16,
+            dtype="fp32", repeats=2, warmup=0)
+    assert 0 < m["out_rel_err"] < 1e-5 and 0 < m["out_max_abs_err"] < 1e-5  # fp32 on the CPU: rounding only
+    half = run("attention", tmp_path, impl="naive", device="cpu", batch=1, heads=3, seq_len=40, d_head=16,
+               dtype="fp16", repeats=2, warmup=0)
+    assert half["out_rel_err"] > 10 * m["out_rel_err"] and half["precision"] is None
+
+
+def test_attention_error_catches_a_wrong_implementation():
+    import torch
+
+    from kernels.attention import naive_attention
+    from worker.suites.attention import output_error
+
+    q, k, v = (torch.randn(1, 2, 50, 16) for _ in range(3))
+    assert output_error(naive_attention, q, k, v, True, rows=16)["out_rel_err"] < 1e-6
+    # causal output scored as non-causal (a mask bug) reads as a large error, computed across row chunks
+    assert output_error(lambda *a: naive_attention(*a[:3], False), q, k, v, True, rows=16)["out_rel_err"] > 0.1
+
+
+def test_attention_precision_is_fp32_only_and_skips_what_an_impl_cannot_do(tmp_path):
+    from worker.harness import SkipCell
+
+    with pytest.raises(ValidationError, match="fp32 only"):
+        validate_cell("attention", {"dtype": "bf16", "precision": "ieee"})
+    with pytest.raises(ValidationError, match="precision"):
+        validate_cell("attention", {"dtype": "fp32", "precision": "fp64"})
+    with pytest.raises(SkipCell, match="no tf32x3"):
+        run("attention", tmp_path, impl="naive", device="cpu", dtype="fp32", precision="tf32x3", seq_len=8)
+    with pytest.raises(SkipCell, match="leave precision unset"):
+        run("attention", tmp_path, impl="sdpa", device="cpu", dtype="fp32", precision="ieee", seq_len=8)
+    m = run("attention", tmp_path, impl="flash_triton", device="cpu", dtype="fp32", precision="tf32x3",
+            batch=1, heads=2, seq_len=33, d_head=16, repeats=1, warmup=0)
+    assert m["precision"] == "tf32x3" and m["out_rel_err"] < 1e-4
+
+
 def test_noop_work_reports_its_samples_like_the_timed_suites():
     import statistics
 

@@ -1,13 +1,18 @@
-"""The `attention` suite: latency, TFLOP/s and peak memory of one attention implementation.
+"""The `attention` suite: latency, TFLOP/s, peak memory and accuracy of one attention implementation.
 
 Inputs are q, k, v shaped (batch, heads, seq_len, d_head), contiguous. FLOPs (kernels/flops.py):
 forward 4*b*h*s^2*d (halved when causal), backward 2.5x, forward+backward 3.5x.
+
+Every cell also records the forward's error against float64 attention on the first batch element's
+first heads (`out_rel_err`, `out_max_abs_err`), so a faster cell that computes less exactly says so:
+fp32 in particular can mean one TF32 pass, three (tf32x3, about fp32's accuracy) or full fp32 FMAs,
+which `precision` chooses where the implementation lets it.
 """
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kernels.names import ATTENTION_IMPLS
 from worker.suites.common import Device, Dtype, NonNegative, Positive, SuiteParams
@@ -16,6 +21,10 @@ DESCRIPTION = "Attention kernels (naive, SDPA, FlashAttention-2 in PyTorch and T
 
 Impl = Literal[ATTENTION_IMPLS]
 Pass = Literal["fwd", "bwd", "fwd_bwd"]
+Precision = Literal["tf32", "tf32x3", "ieee"]
+# implementations whose fp32 products follow torch's matmul setting (tf32 or ieee, no tf32x3)
+TORCH_MATMUL_IMPLS = ("naive", "flash_pytorch", "sdpa_math")
+ERROR_HEADS = 2  # heads of batch element 0 compared with float64 attention
 
 
 class Params(SuiteParams):
@@ -28,8 +37,78 @@ class Params(SuiteParams):
     causal: bool = True
     pass_: Pass = Field("fwd_bwd", alias="pass")
     device: Device = "auto"
+    precision: Precision | None = Field(None, description="fp32 only: tf32 (one TF32 pass), tf32x3 (~fp32) or "
+                                                          "ieee; unset: the implementation's default")
     warmup: NonNegative = 3
     repeats: Positive = 10
+
+    @model_validator(mode="after")
+    def _precision_is_for_fp32(self):
+        if self.precision is not None and self.dtype != "fp32":
+            raise ValueError(f"precision applies to dtype=fp32 only (dtype is {self.dtype!r})")
+        return self
+
+
+def attention_fn(impl: str, precision: str | None):
+    """The callable the suite times: `impl` with fp32 products done at `precision` (None: its default).
+
+    Returns (fn, precision actually used or None). Raises SkipCell where the impl has no such mode.
+    """
+    import torch
+
+    from kernels.impls import get_attention
+    from worker.harness import SkipCell
+
+    if precision is None:
+        return get_attention(impl), None
+    if impl == "flash_triton":
+        from kernels.flash_triton import FlashAttentionTriton
+
+        return (lambda q, k, v, causal: FlashAttentionTriton.apply(q, k, v, causal, precision)), precision
+    if impl in TORCH_MATMUL_IMPLS:
+        if precision == "tf32x3":
+            raise SkipCell(f"{impl} multiplies through torch's matmul, which has no tf32x3 mode (tf32 or ieee)")
+        base = get_attention(impl)
+
+        def run(q, k, v, causal):
+            before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+            try:
+                return base(q, k, v, causal)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
+        return run, precision
+    raise SkipCell(f"{impl} uses its own fp32 arithmetic and takes no precision; leave precision unset "
+                   "(its error against float64 is recorded in every cell)")
+
+
+def output_error(fn, q, k, v, causal: bool, heads: int = ERROR_HEADS, rows: int = 1024) -> dict:
+    """Forward error against float64 attention on batch element 0, the first `heads` heads.
+
+    The reference is computed `rows` query rows at a time (a (heads, rows, seq) float64 block), so
+    it fits beside the inputs at seq 16k and more.
+    """
+    import math
+
+    import torch
+
+    from kernels.attention import causal_mask
+
+    with torch.no_grad():
+        out = fn(q, k, v, causal)[0, :heads].double()
+        q0, k0, v0 = (t[0, :heads].double() for t in (q, k, v))
+        sq_err = sq_ref = max_abs = 0.0
+        for start in range(0, q0.shape[-2], rows):
+            scores = q0[:, start:start + rows] @ k0.transpose(-2, -1) / math.sqrt(q0.shape[-1])
+            if causal:
+                mask = causal_mask(q0.shape[-2], k0.shape[-2], q0.device)[start:start + rows]
+                scores = scores.masked_fill(~mask, float("-inf"))
+            ref = torch.softmax(scores, dim=-1) @ v0
+            diff = out[:, start:start + rows] - ref
+            sq_err += diff.square().sum().item()
+            sq_ref += ref.square().sum().item()
+            max_abs = max(max_abs, diff.abs().max().item())
+    return {"out_rel_err": math.sqrt(sq_err / max(sq_ref, 1e-300)), "out_max_abs_err": max_abs}
 
 
 def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeats: int, device: str):
@@ -81,14 +160,13 @@ def run(p: Params, ctx) -> dict:
     import torch
 
     from kernels.flops import attention_flops
-    from kernels.impls import get_attention
     from kernels.names import torch_dtype
     from worker.harness import SkipCell, require_runnable_attention, resolve_device
 
     device = resolve_device(p.device)
     dtype = torch_dtype(p.dtype)
     require_runnable_attention(p.impl, device)
-    fn = get_attention(p.impl)
+    fn, precision = attention_fn(p.impl, p.precision)
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (p.batch, p.heads, p.seq_len, p.d_head)
     needs_grad = p.pass_ != "fwd"
@@ -97,6 +175,7 @@ def run(p: Params, ctx) -> dict:
     try:
         timing, peak_extra = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
                                             repeats=p.repeats, device=device)
+        error = output_error(fn, q, k, v, p.causal)
     except RuntimeError as exc:
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
             raise SkipCell(f"{p.impl} cannot run this configuration: {str(exc).splitlines()[0]}") from exc
@@ -107,5 +186,7 @@ def run(p: Params, ctx) -> dict:
         "tflops": flops / (timing.median_ms * 1e-3) / 1e12,
         "flops": flops,
         "peak_mem_bytes": peak_extra,
+        **error,
+        "precision": precision if p.dtype == "fp32" else None,
         "device": device,
     }

@@ -1,0 +1,157 @@
+"""Host cost of the flash kernel's launch path, and the CS336 leaderboard shape timed as the course does.
+
+Host time: the wall clock of N calls issued back to back with no synchronisation, divided by N, so
+it is what Python and the launches cost the CPU per call (the GPU runs behind, as in training).
+GPU time: CUDA events around the same call (worker.harness.measure). When host time exceeds GPU
+time the call is host-bound: the GPU idles between kernels. SDPA's backends are measured beside
+the kernel, alternating implementation per round in one process; with --baseline another
+kernels/flash_triton.py (e.g. the previous launcher, `git show REV:kernels/flash_triton.py`) joins
+the rotation.
+
+    python -m benchmarks.flash_host_time --out host.json [--baseline /tmp/flash_old.py] [--leaderboard]
+
+--leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal,
+triton.testing.do_bench of `o = attn(q, k, v, True); o.sum().backward()` with the flash apply wrapped
+in torch.compile, beside SDPA's cuDNN and flash backends, rounds alternated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# (batch, heads, seq, d), causal: the shapes of the host-overhead table, then mid-size ones
+SHAPES = [((1, 16, 128, 64), True), ((1, 16, 1024, 64), True), ((4, 16, 1024, 64), True),
+          ((1, 16, 4096, 64), True), ((8, 32, 512, 128), True), ((4, 16, 2048, 128), False)]
+LEADERBOARD_SHAPE = (16, 16384, 64)
+
+
+def host_us(fn, calls: int) -> float:
+    """Microseconds of CPU time per call: `calls` calls with no synchronisation between them."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def implementations(baseline):
+    """name -> attention callable (q, k, v, causal) -> out."""
+    from kernels.impls import get_attention
+
+    impls = {"flash_triton": get_attention("flash_triton"), "sdpa_flash": get_attention("sdpa_flash"),
+             "sdpa_cudnn": get_attention("sdpa_cudnn")}
+    if baseline is not None:
+        impls["flash_baseline"] = lambda q, k, v, c: baseline.FlashAttentionTriton.apply(q, k, v, c)
+    return impls
+
+
+def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int) -> dict:
+    import torch
+
+    from worker.harness import measure
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    cell = {"shape": list(shape), "causal": causal, "calls": calls, "impls": {}}
+    for name in impls:
+        cell["impls"][name] = {"fwd_host_us": [], "fwd_bwd_host_us": [], "fwd_gpu_ms": [], "fwd_bwd_gpu_ms": []}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            def fwd(fn=fn):
+                with torch.no_grad():
+                    fn(q, k, v, causal)
+
+            def fwd_bwd(fn=fn):
+                fn(q, k, v, causal).sum().backward()
+
+            def clear():
+                q.grad = k.grad = v.grad = None
+
+            try:
+                fwd(), fwd_bwd(), clear()  # compile / autotune / plan before anything is timed
+                row = cell["impls"][name]
+                row["fwd_host_us"].append(host_us(fwd, calls))
+                row["fwd_bwd_host_us"].append(host_us(fwd_bwd, calls))
+                clear()
+                row["fwd_gpu_ms"].append(measure(fwd, warmup=3, repeats=repeats, device="cuda").median_ms)
+                row["fwd_bwd_gpu_ms"].append(measure(fwd_bwd, warmup=3, repeats=repeats, device="cuda",
+                                                     setup=clear).median_ms)
+            except RuntimeError as exc:  # a backend that cannot run this shape
+                cell["impls"][name] = {"error": str(exc).splitlines()[0]}
+    for row in cell["impls"].values():
+        if "error" not in row:
+            for metric in list(row):
+                row[f"{metric}_median"] = statistics.median(row[metric])
+            row["host_bound_fwd_bwd"] = row["fwd_bwd_host_us_median"] / 1e3 > row["fwd_bwd_gpu_ms_median"]
+    return cell
+
+
+def leaderboard(rounds: int, rep_ms: int) -> dict:
+    """The course's leaderboard timing: do_bench of forward + o.sum().backward(), compiled apply."""
+    import torch
+    import triton
+
+    from kernels.flash_triton import FlashAttentionTriton
+    from kernels.impls import get_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(LEADERBOARD_SHAPE, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    impls = {"flash_triton_compiled": torch.compile(FlashAttentionTriton.apply),
+             "sdpa_cudnn": get_attention("sdpa_cudnn"), "sdpa_flash": get_attention("sdpa_flash")}
+    out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "rep_ms": rep_ms, "ms": {}}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            def step(fn=fn):
+                o = fn(q, k, v, True)
+                o.sum().backward()
+            ms = triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25))
+            out["ms"].setdefault(name, []).append(ms)
+    out["median_ms"] = {name: statistics.median(xs) for name, xs in out["ms"].items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--baseline", type=Path, default=None, help="another flash_triton.py to alternate with")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=200, help="calls per host-time sample")
+    ap.add_argument("--repeats", type=int, default=30, help="CUDA-event samples per GPU-time measurement")
+    ap.add_argument("--leaderboard", action="store_true")
+    ap.add_argument("--leaderboard-rep-ms", type=int, default=2000)
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+
+    from benchmarks.flash_ab import load_module
+    from worker.harness import fingerprint
+
+    baseline = load_module(args.baseline) if args.baseline else None
+    impls = implementations(baseline)
+    report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds, "cells": []}
+    for shape, causal in SHAPES:
+        cell = measure_cell(impls, shape, causal, args.rounds, args.calls, args.repeats)
+        report["cells"].append(cell)
+        brief = {n: (r.get("fwd_host_us_median"), r.get("fwd_bwd_host_us_median"), r.get("fwd_bwd_gpu_ms_median"))
+                 for n, r in cell["impls"].items()}
+        print(json.dumps({"shape": shape, "causal": causal, "fwd_us/fwd_bwd_us/fwd_bwd_gpu_ms": brief}),
+              file=sys.stderr, flush=True)
+    if args.leaderboard:
+        report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms)
+        print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
