@@ -464,9 +464,26 @@ CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
 _fwd = triton.heuristics(_EVEN_HEURISTICS)(_fwd_kernel)
 _dkdv = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dkdv_kernel)
 _dq = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dq_kernel)
-_fwd_tuned = triton.autotune(FWD_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("fwd")})(_fwd)
-_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("dkdv")})(_dkdv)
-_dq_tuned = triton.autotune(DQ_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("dq")})(_dq)
+# The tile sizes the autotuner launched last, per kernel, noted by each config's pre_hook (it runs
+# right before the launch that follows tuning): a launch plan needs them and Triton versions differ
+# in what the autotuner exposes (3.7 has best_config, 3.6 not).
+_LAST_TUNED: dict[str, tuple[int, int]] = {}
+
+
+def _noting(configs: list[triton.Config], which: str) -> list[triton.Config]:
+    def note(nargs, which=which):
+        _LAST_TUNED[which] = (nargs["BLOCK_M"], nargs["BLOCK_N"])
+    return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=note) for c in configs]
+
+
+def _autotune(kernel, configs, which: str):
+    return triton.autotune(_noting(configs, which), key=_KEY,
+                           prune_configs_by={"early_config_prune": _pruner(which)})(kernel)
+
+
+_fwd_tuned = _autotune(_fwd, FWD_CONFIGS, "fwd")
+_dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv")
+_dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq")
 
 
 def _seq_bucket(n: int) -> int:
@@ -630,6 +647,7 @@ def _make_plan(jit_fn, compiled, args: tuple, constexprs: dict, config: triton.C
     """
     if compiled is None or not hasattr(compiled, "__getitem__"):
         return None
+    assert config is not None or "BLOCK_N" not in jit_fn.arg_names
     named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
     named.update(constexprs)
     if config is not None:
@@ -656,13 +674,18 @@ def _launch(which: str, jit_fn, key: tuple | None, grid, args: tuple, constexprs
     if plan is not None:
         plan(*args)
         return
+    config = None
     if which == "pre":
-        kernel, fixed, config = jit_fn, {}, None
+        kernel, fixed = jit_fn, {}
     else:
         kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
-        config = _TUNED[which].best_config if kernel is _TUNED[which] else triton.Config(
-            {"BLOCK_M": fixed["BLOCK_M"], "BLOCK_N": fixed["BLOCK_N"]})
     compiled = kernel[grid](*args, **constexprs, **fixed)
+    if which != "pre":
+        tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
+        if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this key
+            compiled = None
+        else:
+            config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
     if key is not None:
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
