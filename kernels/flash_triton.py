@@ -656,7 +656,8 @@ def _make_plan(jit_fn, compiled, args: tuple, constexprs: dict, config: triton.C
     if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
         return None
     tail = tuple(named[name] for name in jit_fn.arg_names[len(args):])
-    runner = compiled[grid(named) if callable(grid) else grid]
+    grid = tuple(grid(named) if callable(grid) else grid)
+    runner = compiled[grid + (1,) * (3 - len(grid))]  # the compiled launcher reads all three axes
 
     def plan(*new_args):
         runner(*new_args, *tail)
