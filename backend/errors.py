@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -25,6 +25,12 @@ BROKER_DOWN = {503: {"model": ErrorPublic, "description": "The broker is unreach
 TOO_MANY_WAITERS = {429: {"model": ErrorPublic, "description": "Too many held waits (BENCHLAB_MAX_WAITERS)"}}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 CONFLICT = {409: {"model": ErrorPublic, "description": "The artifact exists already"}}
+
+
+def invalid_query(name: str, msg: str) -> HTTPException:
+    """A 422 for a query parameter the route itself rejects, shaped like FastAPI's own validation
+    errors (`detail` a list of {loc, msg, type}), so one schema describes every 422."""
+    return HTTPException(422, detail=[{"loc": ["query", name], "msg": msg, "type": "value_error"}])
 
 
 def _printable(value: Any) -> Any:

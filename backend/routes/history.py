@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from sqlmodel import SQLModel, select
 
 from backend import service
 from backend.deps import ReadAuth, SessionDep
+from backend.errors import invalid_query
 from backend.history import history
 from backend.models import Sweep
 from worker.suites import suite_names
@@ -48,16 +49,16 @@ def parse_params(text: str) -> dict[str, Any]:
     try:
         want = json.loads(text or "{}")
     except json.JSONDecodeError as exc:
-        raise HTTPException(422, detail=f"params must be a JSON object of param values: {exc}") from exc
+        raise invalid_query("params", f"params must be a JSON object of param values: {exc}") from exc
     if not isinstance(want, dict):
-        raise HTTPException(422, detail="params must be a JSON object of param values, e.g. {\"impl\": \"naive\"}")
+        raise invalid_query("params", "params must be a JSON object of param values, e.g. {\"impl\": \"naive\"}")
     return want
 
 
 def load_history(db, suite: str, params: str, threshold: float, limit: int, branch: str | None,
                  ignore: str = "") -> dict:
     if suite not in suite_names():
-        raise HTTPException(422, detail=f"unknown suite {suite!r}; known suites: {', '.join(suite_names())}")
+        raise invalid_query("suite", f"unknown suite {suite!r}; known suites: {', '.join(suite_names())}")
     want = parse_params(params)
     newest = db.exec(select(Sweep).where(Sweep.suite == suite).order_by(Sweep.id.desc()).limit(limit * 4)).all()
     picked = []

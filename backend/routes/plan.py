@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from sqlmodel import SQLModel, select
 
 from backend import commfit, service
 from backend.deps import ReadAuth, SessionDep
+from backend.errors import invalid_query
 from backend.models import Sweep
 from backend.planner import Cluster, Model, plan, predict_measured
 
@@ -57,12 +58,12 @@ def make_plan(db, size: str, d_model: int | None, d_ff: int | None, num_layers: 
     if size == "custom":
         dims = (d_model, d_ff, num_layers, num_heads)
         if any(x is None for x in dims):
-            raise HTTPException(422, detail="size=custom needs d_model, d_ff, num_layers and num_heads")
+            raise invalid_query("size", "size=custom needs d_model, d_ff, num_layers and num_heads")
     elif size in MODEL_SIZES:
         s = MODEL_SIZES[size]
         dims = (s.d_model, s.d_ff, s.num_layers, s.num_heads)
     else:
-        raise HTTPException(422, detail=f"unknown size {size!r}; choose from {', '.join(MODEL_SIZES)}, custom")
+        raise invalid_query("size", f"unknown size {size!r}; choose from {', '.join(MODEL_SIZES)}, custom")
     measured = measured_inputs(db)
     sources = {
         "flops": "entered" if tflops else measured.get("flops", {}).get("source", "H200 datasheet (dense bf16)"),

@@ -5,6 +5,7 @@ from fastapi import APIRouter, HTTPException, Path
 
 from backend import tokens
 from backend.deps import AdminAuth, SessionDep
+from backend.errors import ErrorPublic
 from backend.models import ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
 
 router = APIRouter(prefix="/api/tokens", tags=["tokens"], dependencies=[AdminAuth])
@@ -16,7 +17,7 @@ def list_tokens(db: SessionDep) -> list:
 
 
 @router.post("", status_code=201, response_model=ApiTokenCreated,
-             responses={409: {"description": "A token of that name exists"}})
+             responses={409: {"model": ErrorPublic, "description": "A token of that name exists"}})
 def create_token(body: ApiTokenCreate, db: SessionDep) -> dict:
     """A new token; the answer holds its secret, shown this once."""
     try:
@@ -26,7 +27,8 @@ def create_token(body: ApiTokenCreate, db: SessionDep) -> dict:
     return {**row.model_dump(), "token": secret}
 
 
-@router.delete("/{name}", response_model=ApiTokenPublic, responses={404: {"description": "No such token"}})
+@router.delete("/{name}", response_model=ApiTokenPublic,
+               responses={404: {"model": ErrorPublic, "description": "No such token"}})
 def revoke_token(db: SessionDep, name: str = Path(max_length=100)):
     """Revoke a token: it stops working at once; its row (and name) stays, for the record."""
     try:

@@ -49,7 +49,7 @@ def client(tmp_path):
 def test_history_api_and_page_refuse_bad_input_by_name(client):
     assert client.get("/api/history", params={"suite": "nope"}).status_code == 422
     r = client.get("/api/history", params={"suite": "noop", "params": "[1]"})
-    assert r.status_code == 422 and "JSON object" in r.json()["detail"]
+    assert r.status_code == 422 and "JSON object" in r.json()["detail"][0]["msg"]
     assert client.get("/api/history", params={"suite": "noop", "params": "{bad"}).status_code == 422
     empty = client.get("/api/history", params={"suite": "noop"}).json()
     assert empty == {"suite": "noop", "params": {}, "threshold": 0.05, "sweeps": 0, "ignore": [], "series": []}
