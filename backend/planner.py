@@ -15,6 +15,7 @@ STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
 # how a measured `ddp` cell's wrapper maps onto the planner's strategies
 WRAPPER_STRATEGY = {"naive": "dp", "flat": "dp", "overlap": "dp", "bucketed": "dp", "torch_ddp": "dp",
                     "zero1": "zero1", "fsdp": "fsdp"}
+SHARDING_STRATEGY = {"none": "dp", "zero1": "zero1", "fsdp": "fsdp"}  # the leaderboard suite's recipes
 
 
 @dataclass(frozen=True)
@@ -173,25 +174,28 @@ def max_devices_before_comm_bound(m: Model, batch: int, c: Cluster, strategy: st
 
 
 def predict_measured(rows: list[dict], c: Cluster, p: Precision = Precision()) -> list[dict]:
-    """Predicted step time and memory beside each finished multi-GPU `ddp` cell (its model, batch and
-    world size from its metrics), with measured / predicted."""
+    """Predicted step time and memory beside each finished multi-GPU `ddp` or `leaderboard` cell (its
+    model, batch and world size from its params and metrics), with measured / predicted."""
     out = []
     for r in rows:
         met, par = r.get("metrics") or {}, r.get("params") or {}
-        strategy = WRAPPER_STRATEGY.get(par.get("wrapper"))
+        leaderboard = "sharding" in par
+        recipe = par.get("sharding") if leaderboard else par.get("wrapper")
+        strategy = (SHARDING_STRATEGY if leaderboard else WRAPPER_STRATEGY).get(recipe)
         model = met.get("model")
         if r.get("state") != "done" or strategy is None or not model or met.get("backend") != "nccl":
             continue
         m = Model(model["d_model"], model["d_ff"], model["num_layers"], model["num_heads"],
-                  par.get("vocab_size", 10_000), model["context_length"])
+                  model.get("vocab_size") or par.get("vocab_size", 10_000), model["context_length"])
         n = int(met.get("world_size") or par.get("world_size") or 1)
-        batch = model["batch"] * n  # the planner's batch is the whole step's
-        pred = plan_one(m, batch, Cluster(n, c.memory_bytes, c.flops, c.bandwidth,
-                                          overlap=par.get("wrapper") not in ("naive", "flat")),
-                        strategy, n, 1, p)
+        batch = (par.get("batch", 1) if leaderboard else model["batch"]) * n  # the planner's batch is the step's
+        overlap = leaderboard or par.get("wrapper") not in ("naive", "flat")
+        checkpointing = leaderboard and par.get("checkpointing", "none") != "none"
+        pred = plan_one(m, batch, Cluster(n, c.memory_bytes, c.flops, c.bandwidth, overlap=overlap),
+                        strategy, n, 1, p, checkpointing)
         step_ms, peak = met.get("median_ms"), met.get("peak_mem_bytes")
-        out.append({"job_id": r.get("job_id"), "wrapper": par.get("wrapper"), "world_size": n,
-                    "d_model": m.d_model, "num_layers": m.num_layers, "measured_step_ms": step_ms,
+        out.append({"job_id": r.get("job_id"), "wrapper": f"leaderboard {recipe}" if leaderboard else recipe,
+                    "world_size": n, "d_model": m.d_model, "num_layers": m.num_layers, "measured_step_ms": step_ms,
                     "predicted_step_ms": pred["step_s"] * 1e3,
                     "step_ratio": step_ms / (pred["step_s"] * 1e3) if step_ms else None,
                     "measured_peak_bytes": peak, "predicted_memory_bytes": pred["memory_total"],

@@ -309,6 +309,46 @@ def allreduce_figures(rows: list[dict[str, Any]], model: dict[str, Any] | None =
     return [f for f in figs if f is not None]
 
 
+def leaderboard_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
+    """The step split into forward / backward / optimizer per recipe (exposed communication marked),
+    and peak memory per GPU with its split; failed and OOM recipes are named under the chart."""
+    flat = _prepare(rows)
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params) or ["sharding"]
+    done = [r for r in flat if r.get("state") == "done" and isinstance(r.get("median_ms"), (int, float))]
+    problems = [f"{_label(r, var)}: {r.get('state')}" for r in flat if r.get("state") in PROBLEM_STATES]
+    note = ("<br><sup>" + "; ".join(problems) + "</sup>") if problems else ""
+    if not done:
+        return []
+    labels = [_label(r, var) for r in done]
+    step = go.Figure([go.Bar(name=part, x=labels, y=[(r.get(f"{part}_ms") or 0) / 1e3 for r in done])
+                      for part in ("forward", "backward", "optimizer")])
+    step.add_trace(go.Scatter(
+        name="exposed communication", x=labels, y=[(r.get("exposed_comm_ms") or 0) / 1e3 for r in done],
+        mode="markers", marker=dict(symbol="line-ew-open", size=30, color="#333"),
+        customdata=[[r["median_ms"] / 1e3, r.get("mfu"), r.get("tokens_per_s")] for r in done],
+        hovertemplate="exposed comm %{y:.2f} s<br>step %{customdata[0]:.2f} s<br>MFU %{customdata[1]:.1%}"
+                      "<br>%{customdata[2]:.0f} tokens/s<extra></extra>"))
+    step.update_layout(barmode="stack", title="Training step, slowest rank (s): forward, backward (gradient "
+                       "synchronisation included), optimizer" + note, yaxis_title="s", height=480,
+                       margin=dict(t=90, b=160))
+    parts = ("params", "grads", "optimizer_state", "other")
+    mem_labels, values, peaks = [], {p: [] for p in parts}, []
+    for r in done:
+        for rank, (split, peak) in enumerate(zip(r.get("memory_by_rank") or [], r.get("peak_mem_by_rank") or [],
+                                                 strict=False)):
+            mem_labels.append(f"{_label(r, var)} | rank {rank}")
+            for p in parts:
+                values[p].append((split.get(p) or 0) / 2**30)
+            peaks.append(peak / 2**30 if peak else None)
+    memory = go.Figure([go.Bar(name=p, x=mem_labels, y=values[p]) for p in parts])
+    memory.add_trace(go.Scatter(name="peak in the step", x=mem_labels, y=peaks, mode="markers",
+                                marker=dict(symbol="line-ew-open", size=30, color="#d62728")))
+    memory.update_layout(barmode="stack", title="Memory per GPU (GiB): after a step, and the step's peak",
+                         yaxis_title="GiB", height=480, margin=dict(b=160))
+    return [step, memory]
+
+
 def generic_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     flat = _prepare(rows)
     params = list(rows[0]["params"]) if rows else []
@@ -328,7 +368,7 @@ def generic_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
 
 
 FIGURE_BUILDERS = {"attention": attention_figures, "model": model_figures, "ddp": ddp_figures,
-                   "allreduce": allreduce_figures}
+                   "allreduce": allreduce_figures, "leaderboard": leaderboard_figures}
 
 
 def sweep_figures(suite: str, rows: list[dict[str, Any]], model: dict[str, Any] | None = None) -> list[dict[str, Any]]:

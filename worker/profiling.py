@@ -79,22 +79,31 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def step_breakdown(prof, steps: int, on_gpu: bool) -> dict:
-    """{"comm_ms", "comm_by_kind_ms": {kind: ms}, "busy_ms" (GPU only, else None)}, per step."""
+    """{"comm_ms", "comm_by_kind_ms": {kind: ms}, "busy_ms", "exposed_comm_ms"}, per step.
+
+    busy_ms: time any kernel ran; exposed_comm_ms: time only collectives ran (no compute kernel
+    beside them), i.e. busy time minus compute-kernel time, both as unions of intervals. Both are
+    None on CPU, where gloo's collectives run on host threads.
+    """
     by_kind: dict[str, float] = {}
     kernels: list[tuple[float, float]] = []
+    compute: list[tuple[float, float]] = []
     for evt in prof.events():
         on_device = str(getattr(evt, "device_type", "")).split(".")[-1] == "CUDA"
         if on_gpu != on_device:
             continue
         if on_device and getattr(evt, "is_user_annotation", False):
             continue  # a range drawn on the GPU timeline (nccl:_all_gather_base, say) over kernels counted already
+        kind = collective_kind(evt.name, on_gpu)
         if on_device:
             kernels.append((evt.time_range.start, evt.time_range.end))
-        kind = collective_kind(evt.name, on_gpu)
+            if kind is None:
+                compute.append((evt.time_range.start, evt.time_range.end))
         if kind is not None:
             by_kind[kind] = by_kind.get(kind, 0.0) + evt.time_range.elapsed_us() / 1000 / steps
-    return {"comm_ms": sum(by_kind.values()), "comm_by_kind_ms": dict(sorted(by_kind.items())),
-            "busy_ms": _union_us(kernels) / 1000 / steps if on_gpu else None}
+    busy = _union_us(kernels) / 1000 / steps if on_gpu else None
+    return {"comm_ms": sum(by_kind.values()), "comm_by_kind_ms": dict(sorted(by_kind.items())), "busy_ms": busy,
+            "exposed_comm_ms": busy - _union_us(compute) / 1000 / steps if on_gpu else None}
 
 
 def chrome_trace(prof, keep: Path | None = None) -> dict:

@@ -75,10 +75,11 @@ def make_plan(db, size: str, d_model: int | None, d_ff: int | None, num_layers: 
                 (bandwidth_gbps or measured.get("bandwidth", {}).get("gbps") or REFERENCE_GBPS) * 1e9, overlap)
     result = plan(Model(*dims, vocab_size=vocab_size, seq_len=seq_len), batch, c, checkpointing=checkpointing)
     result["sources"] = sources
-    ddp_rows = []
-    for sweep in db.exec(select(Sweep).where(Sweep.suite == "ddp").order_by(Sweep.id.desc()).limit(20)).all():
-        ddp_rows += service.result_rows(db, sweep.id)
-    result["measured"] = predict_measured(ddp_rows, c)
+    measured_rows = []
+    for sweep in db.exec(select(Sweep).where(Sweep.suite.in_(("ddp", "leaderboard")))
+                         .order_by(Sweep.id.desc()).limit(20)).all():
+        measured_rows += service.result_rows(db, sweep.id)
+    result["measured"] = predict_measured(measured_rows, c)
     return result
 
 

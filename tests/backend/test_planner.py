@@ -102,6 +102,22 @@ def test_measured_cells_get_their_predictions():
     assert r["step_ratio"] == pytest.approx(100.0 / r["predicted_step_ms"])
 
 
+def test_leaderboard_cells_are_predicted_with_their_sharding_batch_and_checkpointing():
+    model = {"d_model": 1000, "d_ff": 4000, "num_layers": 10, "num_heads": 10, "vocab_size": 1000,
+             "context_length": 100}
+    rows = [{"job_id": 7, "state": "done",
+             "params": {"sharding": "fsdp", "batch": 1, "checkpointing": "block", "world_size": 2},
+             "metrics": {"backend": "nccl", "world_size": 2, "median_ms": 50.0, "peak_mem_bytes": 4e9,
+                         "model": model}},
+            {"job_id": 8, "state": "oom", "params": {"sharding": "none"}, "metrics": None}]
+    c = Cluster(2, 80e9, 1e12, 1e9)
+    [r] = predict_measured(rows, c)
+    expected = plan_one(M, 2, c, "fsdp", 2, 1, P, checkpointing=True)  # one sequence on each of 2 GPUs
+    assert r["wrapper"] == "leaderboard fsdp"
+    assert r["predicted_step_ms"] == pytest.approx(expected["step_s"] * 1e3)
+    assert r["memory_ratio"] == pytest.approx(4e9 / expected["memory_total"])
+
+
 def test_plan_api_validates_and_names_its_sources(tmp_path):
     with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
         r = c.get("/api/plan", params={"size": "small", "devices": 4, "tflops": 500})

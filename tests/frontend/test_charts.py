@@ -48,3 +48,23 @@ def test_allreduce_latency_chart_draws_each_fit():
     figs = sweep_figures("allreduce", rows, {"fits": {"2": {"o_ms": 0.02, "w_gbps": 314.6}}})
     latency = figs[1]
     assert any(t["name"].startswith("fit, 2 ranks: o = 20.0 us, w = 314.6 GB/s") for t in latency["data"])
+
+
+def _leaderboard_row(sharding, state="done", step_ms=9000.0):
+    metrics = None if state != "done" else {
+        "median_ms": step_ms, "forward_ms": 2500.0, "backward_ms": 6000.0, "optimizer_ms": 500.0,
+        "exposed_comm_ms": 300.0, "mfu": 0.3, "tokens_per_s": 7000.0,
+        "memory_by_rank": [{"params": 2**30, "grads": 2**30, "optimizer_state": 2**31, "other": None}] * 2,
+        "peak_mem_by_rank": [50 * 2**30, 52 * 2**30]}
+    return {"params": {"sharding": sharding, "scale": 1.0}, "metrics": metrics, "state": state, "error": None}
+
+
+def test_leaderboard_charts_split_the_step_and_name_the_recipes_that_did_not_run():
+    rows = [_leaderboard_row("fsdp"), _leaderboard_row("zero1", step_ms=12000.0), _leaderboard_row("none", "oom")]
+    step, memory = sweep_figures("leaderboard", rows)
+    bars = {t["name"]: t for t in step["data"] if t["type"] == "bar"}
+    assert list(bars) == ["forward", "backward", "optimizer"]
+    assert bars["backward"]["x"] == ["sharding=fsdp", "sharding=zero1"] and bars["backward"]["y"] == [6.0, 6.0]
+    assert "sharding=none: oom" in step["layout"]["title"]["text"]
+    peak = next(t for t in memory["data"] if t["name"] == "peak in the step")
+    assert peak["y"] == [50, 52, 50, 52] and len(memory["data"][0]["x"]) == 4  # two recipes x two ranks

@@ -44,6 +44,18 @@ def test_attention_cell_on_cpu(stack):
         assert r["metrics"]["median_ms"] > 0 and r["metrics"]["samples"] == 2 and r["metrics"]["tflops"] > 0
 
 
+def test_leaderboard_cell_at_toy_scale_through_the_worker(stack):
+    # two gloo ranks spawned by the runner the worker starts; the step and its split are recorded
+    sweep = stack.submit({"suite": "leaderboard", "params": {
+        "world_size": 2, "scale": 1 / 34, "d_model": 64, "d_ff": 128, "num_heads": 4, "vocab_size": 256,
+        "device": "cpu", "attention": "sdpa", "sharding": "fsdp", "steps": 2, "warmup": 1}})
+    stack.wait(sweep["id"])
+    [row] = stack.results(sweep["id"])
+    assert row["state"] == "done", row
+    m = row["metrics"]
+    assert m["samples"] == 2 and len(m["peak_mem_by_rank"]) == 2 and m["forward_ms"] > 0 and m["optimizer_ms"] > 0
+
+
 def test_each_way_a_job_ends_is_recorded_and_the_worker_carries_on(stack):
     modes = ["raise", "crash", "oom", "skip", "ok"]
     sweep = stack.submit({"suite": "noop", "params": {"mode": modes}, "timeout_s": 60})

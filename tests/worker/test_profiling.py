@@ -72,6 +72,8 @@ def test_step_breakdown_counts_nccl_kernels_by_kind_and_the_union_of_kernel_time
     assert b["comm_by_kind_ms"] == {"AllReduce": 0.5, "ncclDevKernel_Generic_1": 0.1}
     assert b["comm_ms"] == 0.6
     assert b["busy_ms"] == (1500 + 200) / 1000 / 2
+    # only collectives ran in [1000, 1500) and [3000, 3200): the exposed communication
+    assert b["exposed_comm_ms"] == (500 + 200) / 1000 / 2
 
 
 def test_step_breakdown_on_cpu_reads_gloo_collectives_and_skips_barriers():
@@ -80,4 +82,4 @@ def test_step_breakdown_on_cpu_reads_gloo_collectives_and_skips_barriers():
     prof = _Prof([_Evt("gloo:all_reduce", 0, 4000, device="CPU", annotation=True),
                   _Evt("gloo:barrier", 0, 9000, device="CPU", annotation=True)])
     assert step_breakdown(prof, steps=1, on_gpu=False) == {"comm_ms": 4.0, "comm_by_kind_ms": {"all_reduce": 4.0},
-                                                           "busy_ms": None}
+                                                           "busy_ms": None, "exposed_comm_ms": None}

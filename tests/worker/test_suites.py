@@ -215,3 +215,45 @@ def test_collective_time_of_a_known_all_reduce_lies_within_the_call():
     for breakdown, wall_ms in launch(_profiled_allreduce, 2, device="cpu"):
         assert set(breakdown["comm_by_kind_ms"]) == {"all_reduce"}
         assert 0.3 * wall_ms <= breakdown["comm_ms"] <= wall_ms * 1.05
+
+
+LEADERBOARD_TOY = dict(world_size=2, scale=1 / 34, d_model=64, d_ff=128, num_heads=4, vocab_size=256, device="cpu",
+                       attention="sdpa", steps=2, warmup=1)
+
+
+def test_leaderboard_params_scale_the_course_model_and_refuse_what_cannot_run():
+    from worker.suites.leaderboard import COURSE
+
+    assert validate_cell("leaderboard", {}).dims() == COURSE  # scale 1: the course's model, unchanged
+    toy = validate_cell("leaderboard", {"scale": 2 / 34, "d_model": 64, "num_heads": 4}).dims()
+    assert toy["num_layers"] == 2 and toy["context_length"] == round(32768 * 2 / 34) and toy["d_ff"] == 11008
+    with pytest.raises(ValidationError, match="optimizer=course"):
+        validate_cell("leaderboard", {"state_dtype": "bf16", "optimizer": "torch_fused"})
+    with pytest.raises(ValidationError, match="divisible"):
+        validate_cell("leaderboard", {"d_model": 100})
+    with pytest.raises(ValidationError, match="scale"):
+        validate_cell("leaderboard", {"scale": 0})
+
+
+def test_leaderboard_step_at_toy_scale_shards_what_each_recipe_says(tmp_path):
+    # 2 ranks with gloo: the same step under each sharding; memory per rank shows what is sharded
+    cells = {s: run("leaderboard", tmp_path, sharding=s, **LEADERBOARD_TOY) for s in ("none", "zero1", "fsdp")}
+    params = cells["none"]["params"]
+    for name, m in cells.items():
+        assert m["samples"] == 2 and len(m["rank_samples_ms"]) == 2, name
+        assert m["samples_ms"] == [max(a, b) for a, b in zip(*m["rank_samples_ms"], strict=True)], name
+        assert 0 < m["forward_ms"] < m["median_ms"] and 0 < m["backward_ms"] < m["median_ms"], name
+        assert m["first_step_s"] > 0 and m["tokens_per_s"] > 0 and m["comm_ms"] > 0, name
+        assert m["model"]["num_layers"] == 1 and m["model"]["context_length"] == round(32768 / 34), name
+    replica, zero1, fsdp = (cells[s]["memory_by_rank"][0] for s in ("none", "zero1", "fsdp"))
+    assert replica["params"] == params * 4 and replica["optimizer_state"] >= 2 * params * 4
+    assert zero1["params"] == params * 4 and zero1["optimizer_state"] < 0.75 * replica["optimizer_state"]
+    assert fsdp["params"] < 0.6 * params * 4 and fsdp["optimizer_state"] < 0.6 * replica["optimizer_state"]
+    assert "all_gather" in cells["fsdp"]["comm_by_kind_ms"] and "broadcast" in cells["zero1"]["comm_by_kind_ms"]
+
+
+def test_leaderboard_bf16_state_halves_the_optimizer_state(tmp_path):
+    fp32 = run("leaderboard", tmp_path, sharding="none", **LEADERBOARD_TOY)
+    bf16 = run("leaderboard", tmp_path, sharding="none", state_dtype="bf16", **LEADERBOARD_TOY)
+    a, b = fp32["memory_by_rank"][0]["optimizer_state"], bf16["memory_by_rank"][0]["optimizer_state"]
+    assert b == pytest.approx(a / 2, rel=0.01)

@@ -23,6 +23,7 @@ _MODULES = {
     "model": "worker.suites.model",
     "ddp": "worker.suites.ddp",
     "allreduce": "worker.suites.allreduce",
+    "leaderboard": "worker.suites.leaderboard",
     "noop": "worker.suites.noop",
 }
 
