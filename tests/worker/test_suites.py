@@ -257,3 +257,10 @@ def test_leaderboard_bf16_state_halves_the_optimizer_state(tmp_path):
     bf16 = run("leaderboard", tmp_path, sharding="none", state_dtype="bf16", **LEADERBOARD_TOY)
     a, b = fp32["memory_by_rank"][0]["optimizer_state"], bf16["memory_by_rank"][0]["optimizer_state"]
     assert b == pytest.approx(a / 2, rel=0.01)
+
+
+def test_leaderboard_bf16_weights_with_offloaded_masters_run_under_zero1(tmp_path):
+    m = run("leaderboard", tmp_path, sharding="zero1", param_dtype="bf16", offload=True, **LEADERBOARD_TOY)
+    mem = m["memory_by_rank"][0]
+    assert mem["params"] == m["params"] * 2  # the model holds bf16 weights
+    assert m["samples"] == 2 and m["optimizer_ms"] > 0

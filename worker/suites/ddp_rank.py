@@ -39,12 +39,13 @@ def schedule(steps: int, block: int = BLOCK) -> list[str]:
     return order
 
 
-def storage_bytes(tensors, seen: set[int]) -> int:
+def storage_bytes(tensors, seen: set[int], device_type: str | None = None) -> int:
     """Bytes of the storages behind `tensors`, each storage once (a gradient that is a view of its
-    bucket counts the bucket once); `seen` carries storages already counted by an earlier call."""
+    bucket counts the bucket once); `seen` carries storages already counted by an earlier call.
+    With `device_type`, tensors elsewhere (optimizer state offloaded to the host, say) are left out."""
     total = 0
     for t in tensors:
-        if t is None:
+        if t is None or (device_type is not None and t.device.type != device_type):
             continue
         st = t.untyped_storage()
         if st.data_ptr() in seen:
@@ -55,13 +56,17 @@ def storage_bytes(tensors, seen: set[int]) -> int:
 
 
 def memory_split(model: nn.Module, opt: torch.optim.Optimizer, device: str) -> dict[str, int | None]:
-    """This rank's bytes of parameters, gradients, optimizer state and everything else allocated (GPU)."""
+    """This rank's bytes of parameters, gradients, optimizer state and everything else allocated on
+    `device` (GPU; on CPU every tensor counts and `other` is None)."""
     seen: set[int] = set()
+    kind = torch.device(device).type
     params = list(model.parameters())
-    p_bytes = storage_bytes(params, seen)
-    g_bytes = storage_bytes((p.grad for p in params), seen)
+    p_bytes = storage_bytes(params, seen, kind)
+    g_bytes = storage_bytes((p.grad for p in params), seen, kind)
     inner = getattr(opt, "local", None) or opt  # ZeRO-1 keeps its shard's state in a local optimizer
-    s_bytes = storage_bytes((t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)), seen)
+    masters = getattr(inner, "masters", {})  # fp32 master weights (parallel/master_weights.py)
+    s_bytes = storage_bytes([*(t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)),
+                             *masters.values()], seen, kind)
     other = torch.cuda.memory_allocated() - p_bytes - g_bytes - s_bytes if device.startswith("cuda") else None
     return {"params": p_bytes, "grads": g_bytes, "optimizer_state": s_bytes, "other": other}
 

@@ -57,6 +57,10 @@ class Params(SuiteParams):
     optimizer: Literal["course", "torch_fused"] = "course"
     state_dtype: Literal["fp32", "bf16"] = Field("fp32", description="AdamW moments' storage (course optimizer); "
                                                                      "updates compute in fp32 either way")
+    param_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the weights the model holds; bf16 keeps "
+                                                                     "fp32 master weights in the optimizer")
+    offload: bool = Field(False, description="master weights and optimizer state on the host; the optimizer "
+                                             "step runs on the CPU")
     cold_start: bool = Field(True, description="empty Triton and inductor caches in each rank")
     warmup: NonNegative = 1
     steps: Positive = 5

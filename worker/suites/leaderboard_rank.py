@@ -31,12 +31,17 @@ def fresh_caches() -> list[str]:
 
 
 def optimizer_factory(cfg: dict[str, Any]) -> tuple[type[torch.optim.Optimizer] | Callable, dict[str, Any]]:
-    """(optimizer class or factory, its kwargs) for cfg['optimizer'] and cfg['state_dtype']."""
+    """(optimizer class or factory, its kwargs) for cfg's optimizer, state_dtype, param_dtype and offload."""
     from kernels.optim import AdamW
+    from parallel.master_weights import MasterWeights
 
     if cfg["optimizer"] == "torch_fused":
-        return functools.partial(torch.optim.AdamW, fused=True), {"lr": 1e-4}
-    return AdamW, {"lr": 1e-4, "state_dtype": torch.bfloat16 if cfg["state_dtype"] == "bf16" else None}
+        cls, kwargs = functools.partial(torch.optim.AdamW, fused=True), {"lr": 1e-4}
+    else:
+        cls, kwargs = AdamW, {"lr": 1e-4, "state_dtype": torch.bfloat16 if cfg["state_dtype"] == "bf16" else None}
+    if cfg["param_dtype"] == "bf16" or cfg["offload"]:
+        cls = functools.partial(MasterWeights, optimizer_cls=cls, device="cpu" if cfg["offload"] else None)
+    return cls, kwargs
 
 
 def shard(model: nn.Module, cfg: dict[str, Any]) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None],
@@ -48,6 +53,8 @@ def shard(model: nn.Module, cfg: dict[str, Any]) -> tuple[nn.Module, torch.optim
 
     compute = autocast_dtype(cfg["precision"])
     opt_cls, opt_kwargs = optimizer_factory(cfg)
+    if cfg["param_dtype"] == "bf16":
+        model = model.to(torch.bfloat16)
     if cfg["sharding"] == "fsdp":
         wrapped = FSDP(model, compute_dtype=compute)  # casts to the compute dtype itself: no autocast
         return wrapped, opt_cls(wrapped.parameters(), **opt_kwargs), wrapped.finish_gradient_synchronization, None
