@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 GPU_QUEUE = "{queue}.gpus{n}"
-DISTRIBUTED_SUITES = ("ddp", "allreduce")
+DISTRIBUTED_SUITES = ("ddp", "allreduce", "leaderboard")
 
 
 def gpus_asked(suite: str, params: dict[str, Any]) -> int:

@@ -14,6 +14,7 @@ def test_routing_by_gpus_asked():
     assert gpus_asked("attention", {"device": "cuda:0"}) == 1
     assert gpus_asked("ddp", {"device": "auto", "world_size": 4}) == 0  # auto may run on the CPU
     assert gpus_asked("noop", {"gpus": 2}) == 2
+    assert gpus_asked("leaderboard", {"device": "cuda", "world_size": 2}) == 2  # one GPU per rank
     assert route("default", "ddp", {"device": "cuda", "world_size": 2}) == "default.gpus2"
     assert route("default", "ddp", {"device": "cpu", "world_size": 2}) == "default"
     assert worker_queues(["default", "h200"], 2) == ["default", "default.gpus1", "default.gpus2",
