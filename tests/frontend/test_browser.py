@@ -125,6 +125,23 @@ def test_the_cpu_ddp_study_in_one_click_draws_the_bucket_chart_with_references_a
     page.close()
 
 
+def test_leaderboard_sweep_page_draws_the_step_split_and_memory_per_gpu(browser, stack):
+    """Two toy recipes on 2 gloo ranks; the page splits each step and draws memory per rank."""
+    sweep = stack.submit({"suite": "leaderboard", "params": {
+        "sharding": ["zero1", "fsdp"], "world_size": 2, "scale": 1 / 34, "d_model": 64, "d_ff": 128,
+        "num_heads": 4, "vocab_size": 256, "device": "cpu", "attention": "sdpa", "steps": 2, "warmup": 1}})
+    assert stack.wait(sweep["id"], timeout=300)["status"] == "done"
+    page = browser.new_page()
+    page.goto(f"{stack.url}/sweeps/{sweep['id']}")
+    page.wait_for_selector("#chart-1 .main-svg", timeout=30000)
+    bars = page.evaluate("document.getElementById('chart-0').data.filter(t => t.type === 'bar').map(t => t.name)")
+    assert bars == ["forward", "backward", "optimizer"]
+    ranks = page.evaluate("document.getElementById('chart-1').data[0].x")
+    assert ranks == ["sharding=zero1 | rank 0", "sharding=zero1 | rank 1", "sharding=fsdp | rank 0",
+                     "sharding=fsdp | rank 1"]
+    page.close()
+
+
 def test_history_page_marks_the_sweep_that_got_slower(browser, stack):
     ids = []
     for commit, work in (("c1", 20), ("c2", 20), ("c3", 30)):
