@@ -7,7 +7,8 @@ suites that contrast two variants measured in one process (worker/suites/ddp.py)
 - `grouped_ratio_interval(groups_a, groups_b)`: the ratio of pooled medians when each side is several
   runs (repeats) of samples: a two-level bootstrap draws runs with replacement, then samples within
   each drawn run, so drift from run to run widens the interval instead of passing for a difference;
-- `mann_whitney_p(a, b)`: two-sided Mann-Whitney U p-value.
+- `mann_whitney_p(a, b)`: two-sided Mann-Whitney U p-value;
+- `slowest_rank(per_rank)`: step i's figure of a multi-rank measurement, the slowest rank's.
 Bootstraps draw each side with replacement, `resamples` times, from a seeded generator.
 """
 from __future__ import annotations
@@ -15,6 +16,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+
+def slowest_rank(per_rank: list[list[float]]) -> list[float]:
+    """Step i's figure: the slowest rank's time for step i (ranks are barrier-aligned before each step)."""
+    return [max(step) for step in zip(*per_rank, strict=True)]
 
 
 def _resampled_medians(x: list[float], rng, resamples: int):

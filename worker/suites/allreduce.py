@@ -64,12 +64,13 @@ def allreduce_rank(rank: int, world: int, cfg: dict) -> dict:
 def run(p: Params, ctx) -> dict:
     from parallel.launch import launch
     from worker.harness import Timing, resolve_rank_device
+    from worker.stats import slowest_rank
 
     device = resolve_rank_device(p.device, p.world_size)
     ranks = launch(allreduce_rank, p.world_size, args=({**p.model_dump(), "device": device},), device=device,
                       timeout_s=1800)
     r0 = ranks[0]
-    t = Timing.from_samples([max(call) for call in zip(*(r["samples_ms"] for r in ranks), strict=True)])
+    t = Timing.from_samples(slowest_rank([r["samples_ms"] for r in ranks]))
     algbw = r0["bytes"] / (t.median_ms * 1e-3) / 1e9  # GB/s
     return {**t.as_dict(), "bytes": r0["bytes"], "algbw_gbps": algbw,
             "busbw_gbps": algbw * 2 * (p.world_size - 1) / p.world_size, "backend": r0["backend"],

@@ -76,15 +76,10 @@ class Params(SuiteParams):
                 "batch": self.batch or DEFAULT_BATCH[device]}
 
 
-def _slowest(per_rank: list[list[float]]) -> list[float]:
-    """Step i's figure: the slowest rank's time for step i (steps are barrier-aligned)."""
-    return [max(step) for step in zip(*per_rank, strict=True)]
-
-
 def run(p: Params, ctx) -> dict:
     from parallel.launch import launch
     from worker.harness import Timing, require_runnable_attention, resolve_rank_device
-    from worker.stats import difference_interval, ratio_interval
+    from worker.stats import difference_interval, ratio_interval, slowest_rank
     from worker.suites.ddp_rank import train_step_rank
 
     device = resolve_rank_device(p.device, p.world_size)
@@ -94,8 +89,8 @@ def run(p: Params, ctx) -> dict:
     ctx.progress(f"launching {p.world_size} ranks ({device}, {model['size']} model)")
     ranks = launch(train_step_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
 
-    step = _slowest([r["samples_ms"] for r in ranks])
-    nocomm = _slowest([r["nocomm_samples_ms"] for r in ranks])
+    step = slowest_rank([r["samples_ms"] for r in ranks])
+    nocomm = slowest_rank([r["nocomm_samples_ms"] for r in ranks])
     t, base = Timing.from_samples(step), Timing.from_samples(nocomm)
     exposed, exposed_lo, exposed_hi = difference_interval(nocomm, step)
     overhead, overhead_lo, overhead_hi = ratio_interval(nocomm, step)

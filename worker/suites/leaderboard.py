@@ -92,16 +92,13 @@ def reference_peak_tflops(gpu_name: str | None) -> float | None:
     return None
 
 
-def _slowest(per_rank: list[list[float]]) -> list[float]:
-    return [max(step) for step in zip(*per_rank, strict=True)]
-
-
 def run(p: Params, ctx) -> dict:
     import statistics
 
     from kernels.flops import transformer_flops
     from parallel.launch import launch
     from worker.harness import SkipCell, Timing, require_runnable_attention, resolve_rank_device
+    from worker.stats import slowest_rank
     from worker.suites.leaderboard_rank import leaderboard_rank
 
     device = resolve_rank_device(p.device, p.world_size)
@@ -114,8 +111,8 @@ def run(p: Params, ctx) -> dict:
                  f"{dims['d_model']}, context {dims['context_length']}, {p.sharding}")
     ranks = launch(leaderboard_rank, p.world_size, args=(cfg,), device=device, timeout_s=3600)
 
-    step = Timing.from_samples(_slowest([r["samples_ms"] for r in ranks]))
-    parts = {name: statistics.median(_slowest([r["parts_ms"][name] for r in ranks]))
+    step = Timing.from_samples(slowest_rank([r["samples_ms"] for r in ranks]))
+    parts = {name: statistics.median(slowest_rank([r["parts_ms"][name] for r in ranks]))
              for name in ("forward", "backward", "optimizer")}
     tokens = p.world_size * p.batch * dims["context_length"]
     flops = transformer_flops(p.batch * p.world_size, dims["context_length"], dims["d_model"], dims["d_ff"],

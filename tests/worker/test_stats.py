@@ -1,0 +1,13 @@
+"""worker/stats.py helpers not covered through the comparison engine (tests/backend/test_compare.py)."""
+from __future__ import annotations
+
+import pytest
+
+from worker.stats import slowest_rank
+
+
+def test_slowest_rank_takes_each_steps_slowest_and_refuses_ragged_ranks():
+    assert slowest_rank([[1.0, 5.0, 2.0], [3.0, 4.0, 2.5]]) == [3.0, 5.0, 2.5]
+    assert slowest_rank([[7.0, 8.0]]) == [7.0, 8.0]
+    with pytest.raises(ValueError):
+        slowest_rank([[1.0, 2.0], [1.0]])  # a rank that took fewer steps is a bug, not a figure
