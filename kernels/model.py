@@ -200,7 +200,23 @@ class TransformerLM(nn.Module):
                 x = block(x, token_positions)
         return x
 
-    def forward(self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None, loss_chunk: int = 0) -> torch.Tensor:
+        """Logits (batch, seq, vocab); with `targets`, the mean cross-entropy instead.
+
+        loss_chunk > 0 computes that loss `loss_chunk` positions at a time and recomputes each chunk's
+        logits in backward, so the whole (tokens x vocab) logits never exist at once: at context
+        32,768 and vocab 151,936 they are 32768 * 151936 * 2 bytes = 10 GB in bf16, twice that in fp32.
+        """
+        x = self.hidden_states(token_ids, token_positions)
+        if targets is None:
+            return self.lm_head(x)
+        if loss_chunk <= 0:
+            return cross_entropy(self.lm_head(x), targets)
+        return chunked_cross_entropy(x, self.lm_head, targets, loss_chunk)
+
+    def hidden_states(self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The final-normed hidden states (batch, seq, d_model): everything but the lm_head."""
         if token_ids.shape[-1] > self.context_length:
             raise ValueError(f"sequence length {token_ids.shape[-1]} exceeds context_length {self.context_length}")
         x = self.token_embeddings(token_ids)
@@ -212,7 +228,7 @@ class TransformerLM(nn.Module):
                 group = self.layers[start:start + k]
                 x = checkpoint(self._run_blocks, group, x, token_positions, self.checkpoint_nested,
                                use_reentrant=False)
-        return self.lm_head(self.ln_final(x))
+        return self.ln_final(x)
 
     @classmethod
     def from_size(cls, size: str, vocab_size: int = 10_000, context_length: int = 512, **kwargs) -> "TransformerLM":
@@ -226,10 +242,28 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean over all positions of -log softmax(logits)[target], computed in fp32."""
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log softmax(logits)[target] per position, computed in fp32."""
     logits = logits.float()
     logits = logits - logits.amax(dim=-1, keepdim=True)
     log_z = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return (log_z - picked).mean()
+    return log_z - picked
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean over all positions of -log softmax(logits)[target], computed in fp32."""
+    return token_losses(logits, targets).mean()
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """cross_entropy(head(hidden), targets), `chunk` positions at a time, each chunk checkpointed:
+    one chunk's logits exist at a time, in forward and again in backward."""
+    def chunk_loss_sum(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return token_losses(head(h), t).sum()
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[-2], chunk):
+        total = total + checkpoint(chunk_loss_sum, hidden[..., start:start + chunk, :],
+                                   targets[..., start:start + chunk], use_reentrant=False)
+    return total / targets.numel()

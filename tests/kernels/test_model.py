@@ -184,3 +184,22 @@ def test_flash_triton_model_compiles_as_one_graph():
     cross_entropy(got, ids).backward()
     for name, p in m.named_parameters():
         torch.testing.assert_close(p.grad, want_grads[name], msg=name)
+
+
+def test_chunked_loss_equals_the_whole_loss_and_its_gradients():
+    # the leaderboard's loss: chunks of positions with their logits recomputed in backward
+    torch.manual_seed(0)
+    m = TransformerLM(50, 32, 16, 2, 2, 32)
+    ids, targets = torch.randint(0, 50, (2, 23)), torch.randint(0, 50, (2, 23))
+    whole = cross_entropy(m(ids), targets)
+    whole.backward()
+    want = {name: p.grad.clone() for name, p in m.named_parameters()}
+    m.zero_grad(set_to_none=True)
+    for chunk in (5, 23, 100):  # ragged last chunk, one chunk, a chunk longer than the sequence
+        got = m(ids, targets=targets, loss_chunk=chunk)
+        torch.testing.assert_close(got, whole)
+        got.backward()
+        for name, p in m.named_parameters():
+            torch.testing.assert_close(p.grad, want[name], msg=f"{name}, chunk {chunk}")
+        m.zero_grad(set_to_none=True)
+    torch.testing.assert_close(m(ids, targets=targets), whole)  # loss_chunk 0: the whole logits

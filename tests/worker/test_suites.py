@@ -218,7 +218,7 @@ def test_collective_time_of_a_known_all_reduce_lies_within_the_call():
 
 
 LEADERBOARD_TOY = dict(world_size=2, scale=1 / 34, d_model=64, d_ff=128, num_heads=4, vocab_size=256, device="cpu",
-                       attention="sdpa", steps=2, warmup=1)
+                       attention="sdpa", steps=2, warmup=1, loss_chunk=300)  # context 964: 4 chunks, one ragged
 
 
 def test_leaderboard_params_scale_the_course_model_and_refuse_what_cannot_run():

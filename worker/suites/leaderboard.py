@@ -61,6 +61,9 @@ class Params(SuiteParams):
                                                                      "fp32 master weights in the optimizer")
     offload: bool = Field(False, description="master weights and optimizer state on the host; the optimizer "
                                              "step runs on the CPU")
+    loss_chunk: NonNegative = Field(4096, description="positions per cross-entropy chunk, logits recomputed in "
+                                                      "backward (0: the whole logits at once, 20 GB in fp32 at "
+                                                      "full size)")
     cold_start: bool = Field(True, description="empty Triton and inductor caches in each rank")
     warmup: NonNegative = 1
     steps: Positive = 5

@@ -100,7 +100,7 @@ def matmul_peak(device: str) -> float | None:
 
 def leaderboard_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Run inside each rank. cfg: the suite's params plus the resolved dims and device ('cpu' or 'cuda')."""
-    from kernels.model import TransformerLM, cross_entropy
+    from kernels.model import TransformerLM
     from worker.profiling import step_breakdown
     from worker.suites.ddp_rank import memory_split
 
@@ -137,7 +137,7 @@ def leaderboard_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, An
             opt.zero_grad(set_to_none=True)
             ctx = torch.autocast(device.split(":")[0], dtype=autocast) if autocast else contextlib.nullcontext()
             with ctx:
-                loss = cross_entropy(module(tokens), targets)
+                loss = module(tokens, targets=targets, loss_chunk=cfg["loss_chunk"])
             mark()
             loss.backward()
             finish()
