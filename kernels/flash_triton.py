@@ -438,7 +438,7 @@ def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> 
     dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d).
     """
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    d = max(16, triton.next_power_of_2(head_dim))
+    d = max(16, _pow2_at_least(head_dim))
     if kernel == "dkdv":
         resident, streamed = 2 * bn * d, 2 * bm * d
     else:
@@ -486,9 +486,15 @@ _dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv")
 _dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq")
 
 
+def _pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (n >= 1). Plain Python: triton.next_power_of_2 goes through
+    Triton's function-call machinery, microseconds per call on every launch."""
+    return 1 << (n - 1).bit_length()
+
+
 def _seq_bucket(n: int) -> int:
     """Power-of-two bucket of a sequence length, clamped to [64, 65536]: the autotune key."""
-    return min(max(triton.next_power_of_2(n), 64), 65536)
+    return min(max(_pow2_at_least(n), 64), 65536)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -729,7 +735,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         key = ("fwd", q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4))
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)),
                       INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
     _launch("fwd", _fwd_kernel, key, _grid(n_q, "BLOCK_M", Z * H, tile_major), args, constexprs, q, d, options)
     return out, lse
@@ -756,7 +762,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, _pow2_at_least(d))
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     sig = None
     if q.is_cuda:

@@ -273,6 +273,14 @@ def test_launch_plan_signature_tells_misaligned_views_apart():
     assert ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)}).key != ft.DEFAULT_OPTIONS.key
 
 
+def test_the_launchers_power_of_two_is_tritons():
+    import triton
+
+    import kernels.flash_triton as ft
+
+    assert all(ft._pow2_at_least(n) == triton.next_power_of_2(n) for n in range(1, 70_000))
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU: bf16, long sequences, unwritten elements
 # ----------------------------------------------------------------------------------------------
