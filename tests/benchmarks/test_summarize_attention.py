@@ -26,7 +26,28 @@ def test_goals_met_and_missed():
     out = "\n".join(goals(rows))
     assert "2 shapes): 1.15x to 1.50x SDPA flash (goal >= 1.2x: not met)" in out
     assert "5.200 ms median" in out and "goal <= 5.0 ms: not met" in out
-    assert "3.43x to 3.43x SDPA efficient (goal >= 3x: met)" in out
+    assert "3.43x to 3.43x SDPA efficient (goal >= 3x: met" in out
+
+
+def test_fp32_is_judged_like_for_like_when_errors_are_recorded():
+    shape = (2, 32, 8192, 64)
+    rows = [dict(_row("flash_triton[tf32]", shape, True, "fp32", 120), out_rel_err=1e-3),
+            dict(_row("flash_triton[tf32x3]", shape, True, "fp32", 45), out_rel_err=3e-7),
+            dict(_row("sdpa_efficient", shape, True, "fp32", 35), out_rel_err=5e-7)]
+    out = "\n".join(goals(rows))
+    assert "like for like (error within 10x of SDPA efficient's; flash_triton[tf32x3])" in out
+    assert "1.29x to 1.29x SDPA efficient" in out
+    assert "3.43x" not in out  # the single-pass TF32 cell is not compared with a near-fp32 one
+
+
+def test_tables_name_each_precision_and_show_errors():
+    from benchmarks.summarize_attention import table
+
+    shape = (2, 32, 8192, 64)
+    rows = [dict(_row("flash_triton[tf32x3]", shape, True, "fp32", 45), out_rel_err=3e-7),
+            dict(_row("sdpa_efficient", shape, True, "fp32", 35), out_rel_err=5e-7)]
+    text = table(rows, "fp32")
+    assert "flash_triton[tf32x3] TF/s" in text and "flash_triton[tf32x3] error" in text and "3.0e-07" in text
 
 
 def test_no_rows_no_claims():
