@@ -20,6 +20,11 @@ head, or across all heads when K and V are small enough to share the L2 (see _ti
 
 Cost per (z, h): forward 4*n_q*n_k*d FLOPs (half when causal) over 2*(n_q + 2*n_k)*d*bytes of
 HBM traffic per query tile pass, i.e. arithmetic intensity ~ BLOCK_M FLOP/byte: compute bound.
+
+Layers of this file, top to bottom: the @triton.jit kernels; tile selection (config spaces, the
+autotuner and its pruning, LaunchOptions); the launchers, which check inputs and keep a launch
+plan per call signature so a repeated call costs no Triton Python; the custom ops
+benchlab::flash_attention_fwd / _bwd that torch.compile sees; FlashAttentionTriton on top.
 """
 from __future__ import annotations
 
