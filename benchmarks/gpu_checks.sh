@@ -2,7 +2,8 @@
 # The GPU checks of a change, on a host with torch in its own environment and no network:
 # install benchlab from a wheelhouse, run the GPU tests (`pytest -m gpu`), then the distributed suites
 # through `benchlab run` on the GPUs there are (1 GPU: one-rank cells, which exercise the CUDA-event
-# timing and the profiler's kernel accounting; the two-GPU studies are benchmarks/ddp_study.sh).
+# timing and the profiler's kernel accounting, and the leaderboard step at a quarter of its layers and
+# context; the two-GPU studies are benchmarks/ddp_study.sh and benchmarks/specs/leaderboard.yaml).
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON]     (from the repository root)
 # Pass BENCHLAB_COMMIT: a copied tree may carry a stale .git, and the commit recorded must be what ran.
 set -u
@@ -19,3 +20,6 @@ echo "ddp rc=$?"; tail -n 8 "$out/ddp_1gpu.log"
 timeout 100 "$py" -m backend.cli run allreduce --out "$out/allreduce_1gpu.jsonl" -p device=cuda -p world_size=1 \
   -p size_mb=1,16,256 > "$out/allreduce_1gpu.log" 2>&1
 echo "allreduce rc=$?"; tail -n 5 "$out/allreduce_1gpu.log"
+timeout 240 "$py" -m backend.cli run leaderboard --out "$out/leaderboard_1gpu.jsonl" --timeout-s 220 -p device=cuda \
+  -p world_size=1 -p scale=0.25 -p sharding=fsdp,zero1 -p steps=3 > "$out/leaderboard_1gpu.log" 2>&1
+echo "leaderboard rc=$?"; tail -n 6 "$out/leaderboard_1gpu.log"
