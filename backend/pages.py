@@ -75,7 +75,7 @@ def sweep_data(sweep_id: DbId, db: SessionDep,
     """What the sweep page polls: summary, rows (with progress lines), figures, environments, and `key`."""
     sweep = _sweep_or_404(db, sweep_id)
     summary = service.get_summary(db, sweep)
-    version = service.sweep_version(db, sweep_id, summary["counts"])
+    version = service.sweep_version(db, sweep_id, summary["counts"], sweep.suite)
     if key == version:
         return Response(json.dumps({"summary": summary, "key": version, "unchanged": True}),
                         media_type="application/json")

@@ -497,16 +497,22 @@ def progress_lines(db: Session, sweep_id: int) -> dict[int, str]:
     return {jid: p for jid, p in rows if p}
 
 
-def sweep_version(db: Session, sweep_id: int, counts: dict[str, int] | None = None) -> str:
+def sweep_version(db: Session, sweep_id: int, counts: dict[str, int] | None = None, suite: str | None = None) -> str:
     """A short key that changes whenever anything the sweep page shows changes: job states, results
-    (their newest id), attempts and progress lines. `counts`: the job states if already read."""
+    (their newest id), attempts and progress lines; for a `ddp` sweep also the newest all-reduce
+    result anywhere, since its charts draw the fit of the latest all-reduce sweep (comm_model).
+    `counts`: the job states if already read."""
     jobs = db.exec(select(func.count(), func.sum(Job.attempts), func.max(Job.finished_at), func.max(Job.started_at))
                    .where(Job.sweep_id == sweep_id)).one()
     newest = db.exec(select(func.max(Result.id)).join(Job, Job.id == Result.job_id)
                      .where(Job.sweep_id == sweep_id)).one()
     progress = sorted(progress_lines(db, sweep_id).items())
     counts = sorted((counts if counts is not None else state_counts(db, [sweep_id])[sweep_id]).items())
-    raw = json.dumps([list(jobs), newest, counts, progress], default=str)
+    fit_source = None
+    if suite == "ddp":
+        fit_source = db.exec(select(func.max(Result.id)).join(Job, Job.id == Result.job_id)
+                             .join(Sweep, Sweep.id == Job.sweep_id).where(Sweep.suite == "allreduce")).one()
+    raw = json.dumps([list(jobs), newest, counts, progress, fit_source], default=str)
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 

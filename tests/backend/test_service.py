@@ -73,3 +73,23 @@ def test_environment_is_stored_once(db):
     apply_event(db, result(a.id))
     apply_event(db, result(b.id))
     assert db.get(Job, a.id).env_id == db.get(Job, b.id).env_id is not None
+
+
+def _cell(params, metrics):
+    return {"kind": "cell", "cell": 0, "params": params, "state": "done", "metrics": metrics,
+            "env": {"gpu_name": "G", "torch": "x", "python": "3"}}
+
+
+def test_a_ddp_page_key_changes_when_a_newer_allreduce_sweep_lands(db):
+    # the ddp charts draw the fit of the latest all-reduce sweep: a new one must not be hidden by the cache
+    from backend.service import import_results, sweep_version
+
+    ddp = import_results(db, [{"kind": "sweep", "suite": "ddp", "params": {}},
+                              _cell({"wrapper": "bucketed", "device": "cpu"}, {"median_ms": 10.0})])
+    noop = import_results(db, [{"kind": "sweep", "suite": "noop", "params": {}}, _cell({"x": 1}, {"value": 1.0})])
+    before = sweep_version(db, ddp.id, suite="ddp")
+    noop_before = sweep_version(db, noop.id, suite="noop")
+    import_results(db, [{"kind": "sweep", "suite": "allreduce", "params": {}},
+                        _cell({"size_mb": 1.0, "world_size": 2}, {"median_ms": 0.1, "backend": "gloo"})])
+    assert sweep_version(db, ddp.id, suite="ddp") != before
+    assert sweep_version(db, noop.id, suite="noop") == noop_before  # other suites draw no fit: unchanged
