@@ -18,7 +18,15 @@ from backend import tokens
 from backend.changes import ChangeFeed
 from backend.db import session
 from backend.dispatch import Dispatcher
-from backend.security import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, valid_bearer, valid_session
+from backend.security import (
+    CSRF_COOKIE,
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    named_session_parts,
+    named_session_value,
+    valid_bearer,
+    valid_session,
+)
 from backend.settings import BackendSettings
 
 
@@ -52,6 +60,21 @@ def _named_token(request: Request, authorization: str | None, needed: str) -> bo
     return True
 
 
+def _named_session(request: Request, cookie: str | None, needed: str) -> bool:
+    """Whether the session cookie is a live named token's (signed in at /login); 403 if its scope is too small."""
+    parts = named_session_parts(cookie)
+    if parts is None:
+        return False
+    with session(request.app.state.engine) as db:
+        row = tokens.live_by_name(db, parts[0])
+    expected = named_session_value(row.name, row.token_hash) if row is not None else ""
+    if row is None or not secrets.compare_digest(cookie.encode(), expected.encode()):
+        return False
+    if not tokens.scope_allows(row.scope, needed):
+        raise HTTPException(403, detail=f"signed in with token {row.name!r}, scope {row.scope}; this needs {needed}")
+    return True
+
+
 def _authorize(request: Request, authorization: str | None, write: bool, needed: str | None = None) -> None:
     """Token in the Authorization header (BENCHLAB_API_TOKEN, with every scope, or a named token of
     enough scope), or (browsers) the session cookie plus, for writes, the CSRF echo."""
@@ -61,7 +84,8 @@ def _authorize(request: Request, authorization: str | None, write: bool, needed:
         return
     if _named_token(request, authorization, needed):
         return
-    if valid_session(settings, request.cookies.get(SESSION_COOKIE)):
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if valid_session(settings, cookie) or _named_session(request, cookie, needed):
         if write:
             cookie, echo = request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)
             if not cookie or not echo or not secrets.compare_digest(cookie.encode(), echo.encode()):

@@ -15,14 +15,14 @@ from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from backend import service
+from backend import service, tokens
 from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Sweep
 from backend.routes.compare import compare_sweeps, load_sweeps
 from backend.routes.history import load_history
 from backend.routes.plan import make_plan
 from backend.routes.suites import suite_info
-from backend.security import CSRF_COOKIE, SESSION_COOKIE, session_value
+from backend.security import CSRF_COOKIE, SESSION_COOKIE, named_session_value, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
 from frontend.charts import compare_figure, history_figure, planner_figure, sweep_figures
 from worker.suites import suite_names
@@ -185,16 +185,21 @@ def login_page(request: Request, next: str | None = Query(None, max_length=2000)
 
 
 @router.post("/login")
-def login(request: Request, settings: SettingsDep, token: Annotated[str, Form(max_length=1000)],
+def login(request: Request, settings: SettingsDep, db: SessionDep, token: Annotated[str, Form(max_length=1000)],
           next: Annotated[str | None, Form(max_length=2000)] = None):
-    if not settings.api_token:
+    if not settings.auth_required:
         return RedirectResponse(_safe_next(next), status_code=303)
-    if not secrets.compare_digest(token.encode(), settings.api_token.encode()):
-        return _render(request, "login.html", {"next": _safe_next(next), "error": "wrong token"}, status_code=401)
+    if settings.api_token and secrets.compare_digest(token.encode(), settings.api_token.encode()):
+        value = session_value(settings.api_token)
+    else:
+        row = tokens.lookup(db, token) if token.startswith("bl_") else None
+        if row is None:
+            return _render(request, "login.html", {"next": _safe_next(next), "error": "wrong token"},
+                           status_code=401)
+        value = named_session_value(row.name, row.token_hash)
     resp = RedirectResponse(_safe_next(next), status_code=303)
     secure = request.url.scheme == "https"
-    resp.set_cookie(SESSION_COOKIE, session_value(settings.api_token), httponly=True, samesite="strict",
-                    secure=secure, max_age=30 * 24 * 3600)
+    resp.set_cookie(SESSION_COOKIE, value, httponly=True, samesite="strict", secure=secure, max_age=30 * 24 * 3600)
     resp.set_cookie(CSRF_COOKIE, secrets.token_urlsafe(24), httponly=False, samesite="strict", secure=secure,
                     max_age=30 * 24 * 3600)
     return resp

@@ -4,8 +4,10 @@ Auth. With `BENCHLAB_API_TOKEN` set, writes need the token; with `BENCHLAB_PROTE
 so does every read, pages and downloads included. A client sends `Authorization: Bearer <token>`.
 A browser signs in once at /login: the answer sets an HttpOnly, SameSite=Strict session cookie
 (an HMAC of the token, so changing the token signs everyone out) that page script cannot read,
-and a `benchlab_csrf` cookie that it can. A write authenticated by the session cookie must echo
-that value in `X-CSRF-Token` (double submit).
+and a `benchlab_csrf` cookie that it can. A named token (backend/tokens.py) signs in too: its
+cookie is `t.<name>.<HMAC of its stored hash>`, checked against the live row on every request, so
+revoking the token signs its sessions out and the session has the token's scope. A write
+authenticated by the session cookie must echo that value in `X-CSRF-Token` (double submit).
 
 Every write whose `Origin` (or `Sec-Fetch-Site: cross-site`) names another site is refused,
 token or not. `BENCHLAB_ALLOWED_HOSTS` limits the Host header (DNS rebinding). Bodies above
@@ -37,6 +39,23 @@ _ARTIFACT_PUT = re.compile(r"^/api/jobs/[^/]+/artifacts/[^/]+$")
 
 def session_value(token: str) -> str:
     return hmac.new(token.encode(), b"benchlab-session-v1", hashlib.sha256).hexdigest()
+
+
+NAMED_SESSION_PREFIX = "t."
+
+
+def named_session_value(name: str, token_hash: str) -> str:
+    """The session cookie of a browser signed in with the named token `name` (stored hash `token_hash`)."""
+    mac = hmac.new(token_hash.encode(), b"benchlab-named-session-v1", hashlib.sha256).hexdigest()
+    return f"{NAMED_SESSION_PREFIX}{name}.{mac}"
+
+
+def named_session_parts(cookie: str | None) -> tuple[str, str] | None:
+    """(token name, mac) of a named-token session cookie, or None for any other value."""
+    if not cookie or not cookie.startswith(NAMED_SESSION_PREFIX):
+        return None
+    name, _, mac = cookie[len(NAMED_SESSION_PREFIX):].rpartition(".")
+    return (name, mac) if name and mac else None
 
 
 def valid_bearer(settings: BackendSettings, authorization: str | None) -> bool:

@@ -65,6 +65,12 @@ def list_tokens(db: Session) -> list[ApiToken]:
     return list(db.exec(select(ApiToken).order_by(ApiToken.id)).all())
 
 
+def live_by_name(db: Session, name: str) -> ApiToken | None:
+    """The token called `name` if it exists and is not revoked."""
+    row = db.exec(select(ApiToken).where(ApiToken.name == name)).first()
+    return row if row is not None and row.revoked_at is None else None
+
+
 def lookup(db: Session, secret: str) -> ApiToken | None:
     """The live token with this secret (its last use noted), or None."""
     row = db.exec(select(ApiToken).where(ApiToken.token_hash == hash_secret(secret))).first()

@@ -106,3 +106,25 @@ def test_token_cli_creates_lists_and_revokes(tmp_path):
     assert cli("revoke", "ci").returncode == 0
     assert json.loads(cli("list").stdout)[0]["revoked_at"] is not None
     assert cli("revoke", "nope").returncode == 2
+
+
+def test_a_named_token_signs_a_browser_in_with_its_scope_until_revoked(tmp_path):
+    settings = BackendSettings(data_dir=tmp_path, api_token="s3cret", protect_reads=True)
+    with TestClient(create_app(settings, with_recorder=False)) as c:
+        reader, writer = make(c, "dash", "read"), make(c, "ci", "write")
+        assert c.post("/login", data={"token": "bl_wrong", "next": "/"}).status_code == 401
+        r = c.post("/login", data={"token": reader, "next": "/"}, follow_redirects=False)
+        assert r.status_code == 303 and reader not in r.headers["set-cookie"]  # the cookie is not the secret
+        assert c.get("/").status_code == 200 and c.get("/api/sweeps").status_code == 200
+        csrf = {"X-CSRF-Token": c.cookies["benchlab_csrf"]}
+        denied = c.post("/api/sweeps", json=BODY, headers=csrf)
+        assert denied.status_code == 403 and "scope read" in denied.json()["detail"]
+        c.post("/login", data={"token": writer, "next": "/"}, follow_redirects=False)
+        csrf = {"X-CSRF-Token": c.cookies["benchlab_csrf"]}
+        assert c.post("/api/sweeps", json=BODY, headers=csrf).status_code == 201
+        assert c.post("/api/sweeps", json=BODY).status_code == 403  # a cookie write still needs the CSRF echo
+        c.delete("/api/tokens/ci", headers=ADMIN)
+        assert c.get("/api/sweeps").status_code == 401  # revoked: its sessions end at once
+        forged = "t.dash." + "0" * 64
+        c.cookies.set("benchlab_session", forged)
+        assert c.get("/api/sweeps").status_code == 401
