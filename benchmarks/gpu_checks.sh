@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of a change, on a host with torch in its own environment and no network:
-# install benchlab from a wheelhouse, run the GPU tests (`pytest -m gpu`), then the distributed suites
-# through `benchlab run` on the GPUs there are (1 GPU: one-rank cells, which exercise the CUDA-event
+# install benchlab from a wheelhouse, run the kernel tests (all of them: on a GPU host the unmarked
+# ones run on CUDA too, e.g. torch.compile of the flash apply under inductor) and the suites' GPU
+# tests, then the distributed suites through `benchlab run` on the GPUs there are (1 GPU: one-rank cells, which exercise the CUDA-event
 # timing and the profiler's kernel accounting, and the leaderboard step at a quarter of its layers and
 # context; the two-GPU studies are benchmarks/ddp_study.sh and benchmarks/specs/leaderboard.yaml).
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON]     (from the repository root)
@@ -12,7 +13,9 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
 "$py" -m pip install -q --no-index --find-links "$wh" pytest >> "$out/install.log" 2>&1
-timeout 330 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/worker/test_suites.py > "$out/gpu_tests.log" 2>&1
+timeout 330 "$py" -m pytest -q -p no:cacheprovider tests/kernels > "$out/gpu_tests.log" 2>&1
+echo "kernel tests rc=$?"
+timeout 120 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker/test_suites.py >> "$out/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -n 3 "$out/gpu_tests.log"
 timeout 200 "$py" -m backend.cli run ddp --out "$out/ddp_1gpu.jsonl" --timeout-s 180 -p device=cuda -p world_size=1 \
   -p size=small -p precision=bf16 -p wrapper=none,bucketed,zero1,fsdp,torch_ddp > "$out/ddp_1gpu.log" 2>&1
