@@ -151,10 +151,22 @@ class FSDP(nn.Module):
                 u.prefetched = _gather(u.sp, self.compute_dtype or u.sp.shard.dtype, self.world_size,
                                        async_op=True)
 
+    def _drop_prefetched(self) -> None:
+        """Wait for and forget gathers issued for layers that did not run: they hold the weights as
+        they were, and the next forward must gather the updated ones."""
+        for u in self.uses:
+            if u.prefetched is not None:
+                u.prefetched[1].wait()
+                u.prefetched = None
+
     def _pre_forward(self, module, args, kwargs):
         pos = self._position[id(module)]
-        for nxt in self._order[pos + 1: pos + 1 + PREFETCH]:  # issue the next layers' gathers first
-            self._prefetch(nxt)
+        # issue the next layers' gathers first; not inside backward, where an activation-checkpoint
+        # recompute runs these hooks too and "the next layers" already ran (their prefetched gathers
+        # would outlive the optimizer step and feed stale weights to the next forward)
+        if torch._C._current_graph_task_id() == -1:
+            for nxt in self._order[pos + 1: pos + 1 + PREFETCH]:
+                self._prefetch(nxt)
         for u in self._by_module[id(module)]:
             gathered = None
             if u.prefetched is not None:
@@ -197,12 +209,10 @@ class FSDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         self.stats.update(comm_s=0.0, collectives=0, bytes=0)
+        self._drop_prefetched()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
-        for u in self.uses:  # a prefetched layer that did not run this time
-            if u.prefetched is not None:
-                u.prefetched[1].wait()
-                u.prefetched = None
+        self._drop_prefetched()  # a prefetched layer that did not run this time
         return out
 
     # -- after backward ------------------------------------------------------------------------
