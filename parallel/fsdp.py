@@ -138,7 +138,10 @@ class FSDP(nn.Module):
         for m in self._order:
             m.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
             m.register_forward_hook(self._post_forward)
-        self._gathered_by_ptr: dict[int, _ShardedParam] = {}
+        # gathered weights now attached to their modules, by storage address, each held until its
+        # module's forward ends: while held, no other tensor can occupy that address, so _pack never
+        # mistakes an activation for a weight (which would make one rank gather and not the other)
+        self._gathered: dict[int, tuple[_ShardedParam, torch.Tensor]] = {}
         self.stats: dict[str, Any] = {"comm_s": 0.0, "collectives": 0, "bytes": 0}
         for sp in self.sharded:
             sp.stats = self.stats
@@ -178,25 +181,37 @@ class FSDP(nn.Module):
                 u.prefetched = None
             dtype = self.compute_dtype or u.sp.shard.dtype
             full = _AllGather.apply(u.sp.shard, u.sp, dtype, self.world_size, gathered)
-            self._gathered_by_ptr[full.untyped_storage().data_ptr()] = u.sp
+            self._detach_full(u)  # one left by a recompute that stopped early (see _release_gathered)
+            self._gathered[full.untyped_storage().data_ptr()] = (u.sp, full)
             setattr(module, u.name, full)
         if self.compute_dtype is not None:
             cast = lambda t: t.to(self.compute_dtype) if torch.is_tensor(t) and t.is_floating_point() else t  # noqa: E731 (a one-line cast helper)
             return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
         return None
 
+    def _detach_full(self, u: _Use) -> None:
+        full = getattr(u.module, u.name)
+        if full is not None:
+            self._gathered.pop(full.untyped_storage().data_ptr(), None)
+        setattr(u.module, u.name, None)  # the full weight is freed once nothing else holds it
+
     def _post_forward(self, module, args, output):
         for u in self._by_module[id(module)]:
-            full = getattr(module, u.name)
-            if full is not None:
-                self._gathered_by_ptr.pop(full.untyped_storage().data_ptr(), None)
-            setattr(module, u.name, None)  # the full weight is freed once nothing else holds it
+            self._detach_full(u)
         return output
 
+    def _release_gathered(self) -> None:
+        """Detach every gathered weight. An activation-checkpoint recompute stops as soon as it has
+        rebuilt what backward needs (torch's early stop), so the modules after that point ran their
+        pre-hook (gather) but never their post-hook: their full weights stay attached until this."""
+        for u in self.uses:
+            self._detach_full(u)
+
     def _pack(self, t: torch.Tensor):
-        sp = self._gathered_by_ptr.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
-        if sp is None:
+        entry = self._gathered.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
+        if entry is None:
             return t
+        sp = entry[0]
         # a gathered weight (or a view of it): keep only how to rebuild it
         return (sp, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
@@ -209,6 +224,7 @@ class FSDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         self.stats.update(comm_s=0.0, collectives=0, bytes=0)
+        self._release_gathered()
         self._drop_prefetched()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
@@ -222,6 +238,7 @@ class FSDP(nn.Module):
         last_comm: comm_ms = time in the synchronous gathers and reduce-scatters of forward and backward,
         waits on prefetched gathers, and this all-reduce; wait_ms = time spent here.
         """
+        self._release_gathered()  # before the optimizer step, so no stale full weight outlives it
         t0 = time.perf_counter()
         self._sync_replicated()
         if self.replicated and self.replicated[0].device.type == "cuda":

@@ -111,6 +111,9 @@ def _checkpointed_lm(rank, world, loss_chunk):
         model(ids, targets=targets, loss_chunk=loss_chunk).backward()
         model.finish_gradient_synchronization()
         opt.step()
+        # a recompute that stopped early left its last layers' weights gathered; the synchronisation
+        # before the optimizer step must have released them
+        assert model._gathered == {} and all(getattr(u.module, u.name) is None for u in model.uses)
     full = model.gather_full_params()
     return max(((full[n] - p).abs().max() / p.abs().max()).item() for n, p in ref.named_parameters())
 
