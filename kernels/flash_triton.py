@@ -675,17 +675,19 @@ def _make_plan(jit_fn, compiled, args: tuple, constexprs: dict, config: triton.C
     return plan
 
 
-def _launch(which: str, jit_fn, key: tuple | None, grid, args: tuple, constexprs: dict,
-            q: torch.Tensor, head_dim: int, options: LaunchOptions) -> None:
+def _launch(which: str, jit_fn, key: tuple | None, args: tuple, setup, q: torch.Tensor, head_dim: int,
+            options: LaunchOptions) -> None:
     """Launch kernel `which` (fwd, dkdv, dq or pre) with runtime `args` in signature order.
 
     `key` names the call signature (None: no plan, e.g. under the interpreter). The first launch of
-    a key picks the config (pinned, autotuned or first fitting) and records a plan for the rest.
+    a key picks the config (pinned, autotuned or first fitting) and records a plan for the rest;
+    only then is `setup()` called for the (grid, constexprs) Triton needs, which a plan has baked in.
     """
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None:
         plan(*args)
         return
+    grid, constexprs = setup()
     config = None
     if which == "pre":
         kernel, fixed = jit_fn, {}
@@ -734,15 +736,18 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    tile_major = _tile_major(is_causal, k, v, options.tile_major)
     key = None
     if q.is_cuda:
         key = ("fwd", q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4))
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)),
-                      INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
-    _launch("fwd", _fwd_kernel, key, _grid(n_q, "BLOCK_M", Z * H, tile_major), args, constexprs, q, d, options)
+
+    def setup():
+        tile_major = _tile_major(is_causal, k, v, options.tile_major)
+        return _grid(n_q, "BLOCK_M", Z * H, tile_major), dict(
+            IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), INPUT_PRECISION=precision,
+            TILE_MAJOR=tile_major)
+    _launch("fwd", _fwd_kernel, key, args, setup, q, d, options)
     return out, lse
 
 
@@ -767,27 +772,29 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    block_d = max(16, _pow2_at_least(d))
-    tile_major = _tile_major(is_causal, k, v, options.tile_major)
     sig = None
     if q.is_cuda:
         sig = (q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4, do4))
 
+    def setup(n_rows: int, block: str):  # grid and constexprs of dK/dV or dQ, for a first launch
+        tile_major = _tile_major(is_causal, k, v, options.tile_major)
+        return _grid(n_rows, block, Z * H, tile_major), dict(
+            IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), INPUT_PRECISION=precision,
+            TILE_MAJOR=tile_major)
+
     delta = torch.empty_like(lse)
     pre_block = 64  # Delta is one pass over O and dO: bandwidth-bound, any tile that fills the GPU
-    _launch("pre", _bwd_preprocess, sig and ("pre", *sig), (Z * H, triton.cdiv(n_q, pre_block)),
-            (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q),
-            dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block), q, d, options)
+    _launch("pre", _bwd_preprocess, sig and ("pre", *sig), (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q),
+            lambda: ((Z * H, triton.cdiv(n_q, pre_block)),
+                     dict(HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), BLOCK_M=pre_block)), q, d, options)
 
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=block_d, INPUT_PRECISION=precision,
-                      TILE_MAJOR=tile_major)
-    _launch("dkdv", _bwd_dkdv_kernel, sig and ("dkdv", *sig), _grid(n_k, "BLOCK_N", Z * H, tile_major),
+    _launch("dkdv", _bwd_dkdv_kernel, sig and ("dkdv", *sig),
             (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
-             *_strides(do4), *_strides(dk4), *_strides(dv4), *common), constexprs, q, d, options)
-    _launch("dq", _bwd_dq_kernel, sig and ("dq", *sig), _grid(n_q, "BLOCK_M", Z * H, tile_major),
+             *_strides(do4), *_strides(dk4), *_strides(dv4), *common), lambda: setup(n_k, "BLOCK_N"), q, d, options)
+    _launch("dq", _bwd_dq_kernel, sig and ("dq", *sig),
             (q4, k4, v4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
-             *_strides(do4), *_strides(dq4), *common), constexprs, q, d, options)
+             *_strides(do4), *_strides(dq4), *common), lambda: setup(n_q, "BLOCK_M"), q, d, options)
     return dq, dk, dv
 
 

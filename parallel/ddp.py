@@ -66,7 +66,22 @@ def globally_used(params: list[nn.Parameter], locally_used: list[bool], device: 
     return [bool(f) for f in flags.tolist()]
 
 
-class _DDPBase(nn.Module):
+class SyncSwitch:
+    """`with x.no_sync():` turns x's communication off inside the block (x.sync_enabled is False
+    there): the same computation without its collectives, for measuring what they cost."""
+
+    sync_enabled = True
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        before, self.sync_enabled = self.sync_enabled, False
+        try:
+            yield
+        finally:
+            self.sync_enabled = before
+
+
+class _DDPBase(SyncSwitch, nn.Module):
     def __init__(self, module: nn.Module):
         super().__init__()
         if not dist.is_initialized():
@@ -79,17 +94,7 @@ class _DDPBase(nn.Module):
         first = next(iter(module.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self.last_comm: dict[str, Any] = {}
-        self.sync_enabled = True
         self._reset_accounting()
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Inside: backward keeps each rank's gradients local and nothing is communicated."""
-        before, self.sync_enabled = self.sync_enabled, False
-        try:
-            yield
-        finally:
-            self.sync_enabled = before
 
     def _reset_accounting(self) -> None:
         self._comm_s = 0.0

@@ -225,7 +225,6 @@ class FSDP(nn.Module):
     def forward(self, *args, **kwargs):
         self.stats.update(comm_s=0.0, collectives=0, bytes=0)
         self._release_gathered()
-        self._drop_prefetched()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
         self._drop_prefetched()  # a prefetched layer that did not run this time

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 
 import torch
 
+from kernels.optim import closure_loss
+
 
 class MasterWeights(torch.optim.Optimizer):
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], device: str | None = None,
@@ -57,10 +59,7 @@ class MasterWeights(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner.update({k: v for k, v in outer.items() if k != "params"})  # a scheduler's lr, say
         for p, m in self.masters.items():

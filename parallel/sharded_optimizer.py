@@ -15,15 +15,16 @@ same optimizer work without its communication, for measuring what the broadcasts
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from parallel.ddp import SyncSwitch
 
-class ShardedOptimizer(torch.optim.Optimizer):
+
+class ShardedOptimizer(SyncSwitch, torch.optim.Optimizer):
     def __init__(self, params: Iterable, optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any):
         if not dist.is_initialized():
             raise RuntimeError("initialise torch.distributed before creating a ShardedOptimizer")
@@ -34,7 +35,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.owner: dict[int, int] = {}  # id(param) -> rank
         self.loads = [0] * self.world_size  # elements owned per rank
         self.local: torch.optim.Optimizer | None = None
-        self.sync_enabled = True
         super().__init__(params, defaults=kwargs)  # calls add_param_group for each group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -51,14 +51,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.local = self.optimizer_cls([local_group], **self.optimizer_kwargs)
         else:
             self.local.add_param_group(local_group)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        before, self.sync_enabled = self.sync_enabled, False
-        try:
-            yield
-        finally:
-            self.sync_enabled = before
 
     def _sync_hyperparameters(self) -> None:
         """Carry changes made to self.param_groups (an LR scheduler, say) into the local groups."""
