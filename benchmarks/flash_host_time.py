@@ -1,7 +1,8 @@
 """Host cost of the flash kernel's launch path, and the CS336 leaderboard shape timed as the course does.
 
-Host time: the wall clock of N calls issued back to back with no synchronisation, divided by N, so
-it is what Python and the launches cost the CPU per call (the GPU runs behind, as in training).
+Host time: the wall clock of N calls issued back to back with no synchronisation, divided by N, while
+a sleep kernel holds the GPU, so it is what Python and the launches cost the CPU per call and never
+the GPU's pace (see host_us).
 GPU time: CUDA events around the same call (worker.harness.measure). When host time exceeds GPU
 time the call is host-bound: the GPU idles between kernels. SDPA's backends are measured beside
 the kernel, alternating implementation per round in one process; with --baseline another
@@ -9,6 +10,9 @@ kernels/flash_triton.py (e.g. the previous launcher, `git show REV:kernels/flash
 the rotation.
 
     python -m benchmarks.flash_host_time --out host.json [--baseline /tmp/flash_old.py] [--leaderboard]
+
+--parts times each piece of the path (launchers, autograd, SDPA beside) on one shape and writes a
+cProfile of the backward next to --out: where the host time goes.
 
 --leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal,
 triton.testing.do_bench of `o = attn(q, k, v, True); o.sum().backward()` with the flash apply wrapped
@@ -30,16 +34,26 @@ LEADERBOARD_SHAPE = (16, 16384, 64)
 
 
 def host_us(fn, calls: int) -> float:
-    """Microseconds of CPU time per call: `calls` calls with no synchronisation between them."""
+    """Microseconds of CPU time per call: `calls` calls with no synchronisation between them.
+
+    A sleep kernel sized to outlast the calls is queued first, so no call waits for the GPU: without
+    it, work queued faster than the GPU drains fills the launch queue and the host then waits at the
+    GPU's pace (the figure would read GPU time). Returns nan when the sleep ended before the calls did
+    (the host may have waited); keep `calls` x launches per call well under the queue's ~1000.
+    """
     import torch
 
     torch.cuda.synchronize()
+    torch.cuda._sleep(calls * 4_000_000)  # ~2 ms a call at the H200's ~2 GHz
+    held = torch.cuda.Event()
+    held.record()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     t1 = time.perf_counter()
+    waited = held.query()
     torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+    return float("nan") if waited else (t1 - t0) / calls * 1e6
 
 
 def implementations(baseline):
@@ -90,7 +104,8 @@ def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int) ->
     for row in cell["impls"].values():
         if "error" not in row:
             for metric in list(row):
-                row[f"{metric}_median"] = statistics.median(row[metric])
+                kept = [x for x in row[metric] if x == x]  # nan: a host sample that waited for the GPU
+                row[f"{metric}_median"] = statistics.median(kept) if kept else float("nan")
             row["host_bound_fwd_bwd"] = row["fwd_bwd_host_us_median"] / 1e3 > row["fwd_bwd_gpu_ms_median"]
     return cell
 
@@ -120,21 +135,89 @@ def leaderboard(rounds: int, rep_ms: int) -> dict:
     return out
 
 
+def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | None) -> dict:
+    """Host microseconds per call of each piece of the flash kernel's forward and backward, beside SDPA,
+    and (profile_path) a cProfile of the backward launcher: where a forward+backward's host time goes."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from kernels import flash_triton as ft
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    with torch.no_grad():
+        o, lse = ft.flash_attention_forward(q, k, v, causal)
+    do = torch.randn_like(o)
+    do_expanded = torch.ones((), device="cuda", dtype=o.dtype).expand(o.shape)  # what o.sum().backward() passes
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def nograd(fn):
+        def call():
+            with torch.no_grad():
+                fn()
+        return call
+
+    pieces = {
+        "forward_launcher": nograd(lambda: ft.flash_attention_forward(q, k, v, causal)),
+        "apply_no_grad": nograd(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal)),
+        "apply_with_graph": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal),
+        "backward_launcher": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal),
+        "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal),
+        "fwd_bwd": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward(),
+        "clone_sum_backward": lambda: q.clone().sum().backward(),
+        "sdpa_forward": nograd(lambda: sdpa(q, k, v, is_causal=causal)),
+        "sdpa_fwd_bwd": lambda: sdpa(q, k, v, is_causal=causal).sum().backward(),
+        "empty_like_x4": lambda: [torch.empty_like(q) for _ in range(4)],
+    }
+    for fn in pieces.values():  # compile, autotune and plan first
+        fn()
+    out = {"shape": list(shape), "causal": causal, "calls": calls, "us": {name: [] for name in pieces}}
+    for _ in range(rounds):
+        for name, fn in pieces.items():
+            out["us"][name].append(host_us(fn, calls))
+    out["median_us"] = {name: statistics.median([x for x in xs if x == x] or [float("nan")])
+                        for name, xs in out["us"].items()}
+    if profile_path is not None:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal)
+            ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward()
+        prof.disable()
+        torch.cuda.synchronize()
+        with open(profile_path, "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--baseline", type=Path, default=None, help="another flash_triton.py to alternate with")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--calls", type=int, default=200, help="calls per host-time sample")
+    ap.add_argument("--calls", type=int, default=50, help="calls per host-time sample")
     ap.add_argument("--repeats", type=int, default=30, help="CUDA-event samples per GPU-time measurement")
     ap.add_argument("--leaderboard", action="store_true")
     ap.add_argument("--leaderboard-rep-ms", type=int, default=2000)
+    ap.add_argument("--parts", action="store_true",
+                    help="time each piece of the launch path on one shape (and cProfile the backward) instead")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
 
     from benchmarks.flash_ab import load_module
     from worker.harness import fingerprint
 
+    if args.parts:
+        shape, causal = SHAPES[1]
+        report = {"kind": "flash_host_parts", **fingerprint(args.commit),
+                  **parts(shape, causal, args.calls, args.rounds, args.out.with_suffix(".prof.txt"))}
+        print(json.dumps(report["median_us"]), file=sys.stderr, flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        return 0
     baseline = load_module(args.baseline) if args.baseline else None
     impls = implementations(baseline)
     report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds, "cells": []}
