@@ -154,6 +154,15 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
     do_expanded = torch.ones((), device="cuda", dtype=o.dtype).expand(o.shape)  # what o.sum().backward() passes
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
+    class Identity(torch.autograd.Function):  # a Python autograd node that does no work: the engine's share
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
     def nograd(fn):
         def call():
             with torch.no_grad():
@@ -167,7 +176,9 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
         "backward_launcher": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal),
         "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal),
         "fwd_bwd": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward(),
+        "fwd_bwd_given_grad": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).backward(do),
         "clone_sum_backward": lambda: q.clone().sum().backward(),
+        "identity_function_sum_backward": lambda: Identity.apply(q).sum().backward(),
         "sdpa_forward": nograd(lambda: sdpa(q, k, v, is_causal=causal)),
         "sdpa_fwd_bwd": lambda: sdpa(q, k, v, is_causal=causal).sum().backward(),
         "empty_like_x4": lambda: [torch.empty_like(q) for _ in range(4)],
@@ -178,6 +189,22 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
     for _ in range(rounds):
         for name, fn in pieces.items():
             out["us"][name].append(host_us(fn, calls))
+    # the backward launcher's own time when the autograd engine calls it (its thread, inside .backward())
+    inside, launcher = [], ft.flash_attention_backward
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return launcher(*args, **kwargs)
+        finally:
+            inside.append((time.perf_counter() - t0) * 1e6)
+    ft.flash_attention_backward = timed
+    try:
+        for _ in range(rounds):
+            host_us(pieces["fwd_bwd"], calls)
+    finally:
+        ft.flash_attention_backward = launcher
+    out["us"]["backward_launcher_inside_engine"] = inside
     out["median_us"] = {name: statistics.median([x for x in xs if x == x] or [float("nan")])
                         for name, xs in out["us"].items()}
     if profile_path is not None:

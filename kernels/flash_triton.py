@@ -636,29 +636,57 @@ def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
 # specialising each (is it 1? a multiple of 16? is the pointer 16-byte aligned?), hashing that,
 # and the autotuner's and heuristics' own wrappers. Four launches per forward+backward made the
 # kernel host-bound below ~1 ms of GPU work. None of it depends on the data, only on the call's
-# signature: device, dtype, shapes, strides, pointer alignment, causal, precision and options.
-# So the first call of a signature goes through Triton (compiling or autotuning as needed) and
-# keeps the compiled kernel, its constexprs and its grid as a plan; later calls hand the compiled
-# kernel the new pointers directly. Nothing synchronises, so calls capture into a CUDA graph.
-_PLANS: dict[tuple, object] = {}
+# signature: each tensor's shape, strides, dtype, device and pointer alignment, causal, precision
+# and options. Every kernel argument but the tensors' addresses (strides, sizes, scales, constexprs,
+# grid) follows from the signature. So the first call of a signature checks its inputs and goes
+# through Triton (compiling or autotuning as needed), and keeps a plan of the whole call: what to
+# allocate, and per kernel the compiled launcher with its fixed arguments. Later calls allocate the
+# outputs and hand the launchers the new addresses: no checks, views or Triton Python. Nothing
+# synchronises, so calls capture into a CUDA graph.
+_PLANS: dict[tuple, object] = {}  # call signature -> plan(*tensors) of a whole forward or backward
 MAX_PLANS = 4096  # distinct signatures kept; past this the table starts over (a sweep over shapes)
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _signature(*tensors: torch.Tensor) -> tuple:
-    """The part of a launch signature that comes from tensors: shape, strides and 16-byte alignment."""
-    return tuple((t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors)
+    """The part of a call signature that comes from tensors: shape, strides, dtype, device and 16-byte alignment."""
+    return tuple((t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0) for t in tensors)
 
 
-def _make_plan(jit_fn, compiled, args: tuple, constexprs: dict, config: triton.Config | None, grid):
-    """A callable `plan(*args)` that launches `compiled` with new runtime arguments, or None when
-    this Triton's compiled kernels cannot be launched directly (then every call goes through Triton).
+def _remember(key: tuple, plan) -> None:
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
 
-    Triton's compiled-kernel launcher takes every parameter in signature order, constexprs included
-    (it skips them); the constexprs are fixed per plan, so they are appended once here.
-    """
-    if compiled is None or not hasattr(compiled, "__getitem__"):
+
+class _KernelPlan:
+    """One compiled kernel bound to a call signature: `plan(*tensors)` launches it on the current stream
+    with the tensors' new addresses and the fixed rest (scalars, then constexprs, which Triton's
+    compiled launcher takes in signature order and skips), through the launcher Triton's own
+    `compiled[grid](...)` calls, minus that wrapper's per-call lookups."""
+
+    __slots__ = ("launcher", "grid", "function", "metadata", "fixed", "device")
+
+    def __init__(self, compiled, grid: tuple, fixed: tuple, device: int):
+        self.launcher, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
+        self.grid, self.fixed, self.device = grid, fixed, device
+
+    def __call__(self, *tensors):
+        self.launcher(*self.grid, _current_stream(self.device), self.function, self.metadata, None, None, None,
+                      *tensors, *self.fixed)
+
+
+def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, config: triton.Config | None,
+                 grid, device: int):
+    """A plan for `compiled` (launched first with runtime `args`, the leading `n_tensors` of them tensors),
+    or None when this Triton's compiled kernel cannot be launched directly."""
+    from triton import knobs
+
+    if compiled is None or not hasattr(compiled, "_init_handles"):
         return None
-    assert config is not None or "BLOCK_N" not in jit_fn.arg_names
+    compiled._init_handles()  # loads the binary; sets function and the launcher (run)
+    if not all(hasattr(compiled, a) for a in ("__getitem__", "run", "function", "packed_metadata")):
+        return None
     named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
     named.update(constexprs)
     if config is not None:
@@ -666,49 +694,45 @@ def _make_plan(jit_fn, compiled, args: tuple, constexprs: dict, config: triton.C
         named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items()})
     if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
         return None
-    tail = tuple(named[name] for name in jit_fn.arg_names[len(args):])
+    fixed = args[n_tensors:] + tuple(named[name] for name in jit_fn.arg_names[len(args):])
     grid = tuple(grid(named) if callable(grid) else grid)
-    runner = compiled[grid + (1,) * (3 - len(grid))]  # the compiled launcher reads all three axes
+    grid = grid + (1,) * (3 - len(grid))  # the compiled launcher reads all three axes
+    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        runner = compiled[grid]  # a profiler's launch hooks are installed: keep Triton's wrapper, which calls them
+        return lambda *tensors: runner(*tensors, *fixed)
+    return _KernelPlan(compiled, grid, fixed, device)
 
-    def plan(*new_args):
-        runner(*new_args, *tail)
-    return plan
 
-
-def _launch(which: str, jit_fn, key: tuple | None, args: tuple, setup, q: torch.Tensor, head_dim: int,
-            options: LaunchOptions) -> None:
-    """Launch kernel `which` (fwd, dkdv, dq or pre) with runtime `args` in signature order.
-
-    `key` names the call signature (None: no plan, e.g. under the interpreter). The first launch of
-    a key picks the config (pinned, autotuned or first fitting) and records a plan for the rest;
-    only then is `setup()` called for the (grid, constexprs) Triton needs, which a plan has baked in.
-    """
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is not None:
-        plan(*args)
-        return
-    grid, constexprs = setup()
+def _launch(which: str, jit_fn, args: tuple, n_tensors: int, grid, constexprs: dict, q: torch.Tensor,
+            head_dim: int, options: LaunchOptions, want_plan: bool):
+    """Launch kernel `which` (fwd, dkdv, dq or pre) through Triton with runtime `args` in signature order,
+    picking the config (pinned, autotuned or first fitting). Returns a plan for later calls of the same
+    signature when `want_plan` (None if none can be made)."""
     config = None
     if which == "pre":
         kernel, fixed = jit_fn, {}
     else:
         kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
     compiled = kernel[grid](*args, **constexprs, **fixed)
+    if not want_plan:
+        return None
     if which != "pre":
         tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
-        if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this key
-            compiled = None
-        else:
-            config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
-    if key is not None:
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = _make_plan(jit_fn, compiled, args, constexprs, config, grid)
+        if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this signature
+            return None
+        config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
+    return _kernel_plan(jit_fn, compiled, args, n_tensors, constexprs, config, grid, q.get_device())
 
 
 def clear_launch_plans() -> None:
     """Forget every launch plan (the next call of each signature goes through Triton again)."""
     _PLANS.clear()
+
+
+def _plannable(*tensors: torch.Tensor) -> bool:
+    """A call can be planned when it runs on CUDA and each (Z, H, n, d) view shares its tensor's
+    address (up to 4 dims: _as_zhnd adds size-1 axes), so a plan can launch on the tensors as given."""
+    return _current_stream is not None and all(t.is_cuda and t.dim() <= 4 for t in tensors)
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -718,6 +742,12 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 
     `out`, if given, is written in place (it must be contiguous, shaped and typed like q).
     """
+    key = None
+    if out is None and q.is_cuda:
+        key = ("fwd", bool(is_causal), fp32_precision, options.key, _signature(q, k, v))
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan(q, k, v)
     _check_inputs(q, k, v)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4 = _as_zhnd(q), _as_zhnd(k), _as_zhnd(v)
@@ -725,29 +755,33 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if out is not None:
         if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
             raise ValueError("out must be contiguous and shaped and typed like q")
-        o4 = out.view(q4.shape)
     else:
-        o4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o4 = out.view(q4.shape)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    out = o4.view(q.shape)
     if out.numel() == 0:
         return out, lse
     precision = _precision(q.dtype, fp32_precision)
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    key = None
-    if q.is_cuda:
-        key = ("fwd", q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4))
+    tile_major = _tile_major(is_causal, k, v, options.tile_major)
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
+    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)),
+                      INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
+    want_plan = key is not None and _plannable(q, k, v)
+    kernel = _launch("fwd", _fwd_kernel, args, 5, _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d,
+                     options, want_plan)
+    if kernel is not None:
+        shape, dtype, device = q.shape, q.dtype, q.device
 
-    def setup():
-        tile_major = _tile_major(is_causal, k, v, options.tile_major)
-        return _grid(n_q, "BLOCK_M", Z * H, tile_major), dict(
-            IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), INPUT_PRECISION=precision,
-            TILE_MAJOR=tile_major)
-    _launch("fwd", _fwd_kernel, key, args, setup, q, d, options)
+        def plan(q, k, v):
+            o = torch.empty(shape, dtype=dtype, device=device)
+            lse = torch.empty(shape[:-1], dtype=torch.float32, device=device)
+            kernel(q, k, v, o, lse)
+            return o, lse
+        _remember(key, plan)
     return out, lse
 
 
@@ -758,43 +792,58 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
 
     `lse` is the forward's L (contiguous, fp32, q.shape[:-1]).
     """
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if grad_out.dtype != q.dtype:
         grad_out = grad_out.to(q.dtype)
+    key = None
+    if q.is_cuda:
+        key = ("bwd", bool(is_causal), fp32_precision, options.key, _signature(q, k, v, out, lse, grad_out))
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan(q, k, v, out, lse, grad_out)
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, o4, do4 = (_as_zhnd(t) for t in (q, k, v, out, grad_out))
-    dq4 = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
-    dk4 = torch.empty(k4.shape, dtype=k.dtype, device=k.device)
-    dv4 = torch.empty(v4.shape, dtype=v.dtype, device=v.device)
-    dq, dk, dv = dq4.view(q.shape), dk4.view(k.shape), dv4.view(v.shape)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq4, dk4, dv4 = dq.view(q4.shape), dk.view(k4.shape), dv.view(v4.shape)
     if n_q == 0 or n_k == 0 or q.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     precision = _precision(q.dtype, fp32_precision)
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    sig = None
-    if q.is_cuda:
-        sig = (q.device, q.dtype, is_causal, precision, options.key, _signature(q4, k4, v4, o4, do4))
+    tile_major = _tile_major(is_causal, k, v, options.tile_major)
+    want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
 
-    def setup(n_rows: int, block: str):  # grid and constexprs of dK/dV or dQ, for a first launch
-        tile_major = _tile_major(is_causal, k, v, options.tile_major)
-        return _grid(n_rows, block, Z * H, tile_major), dict(
-            IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), INPUT_PRECISION=precision,
-            TILE_MAJOR=tile_major)
-
-    delta = torch.empty_like(lse)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     pre_block = 64  # Delta is one pass over O and dO: bandwidth-bound, any tile that fills the GPU
-    _launch("pre", _bwd_preprocess, sig and ("pre", *sig), (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q),
-            lambda: ((Z * H, triton.cdiv(n_q, pre_block)),
-                     dict(HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), BLOCK_M=pre_block)), q, d, options)
-
+    pre = _launch("pre", _bwd_preprocess, (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q), 3,
+                  (Z * H, triton.cdiv(n_q, pre_block)),
+                  dict(HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), BLOCK_M=pre_block), q, d, options, want_plan)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    _launch("dkdv", _bwd_dkdv_kernel, sig and ("dkdv", *sig),
-            (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
-             *_strides(do4), *_strides(dk4), *_strides(dv4), *common), lambda: setup(n_k, "BLOCK_N"), q, d, options)
-    _launch("dq", _bwd_dq_kernel, sig and ("dq", *sig),
-            (q4, k4, v4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
-             *_strides(do4), *_strides(dq4), *common), lambda: setup(n_q, "BLOCK_M"), q, d, options)
+    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)),
+                      INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
+    dkdv = _launch("dkdv", _bwd_dkdv_kernel,
+                   (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
+                    *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
+                   _grid(n_k, "BLOCK_N", Z * H, tile_major), constexprs, q, d, options, want_plan)
+    dq_ = _launch("dq", _bwd_dq_kernel,
+                  (q4, k4, v4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
+                   *_strides(do4), *_strides(dq4), *common), 7,
+                  _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
+    if pre is not None and dkdv is not None and dq_ is not None:
+        shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
+
+        def plan(q, k, v, o, lse, do):
+            dq = torch.empty(shapes[0], dtype=dtype, device=device)
+            dk = torch.empty(shapes[1], dtype=dtype, device=device)
+            dv = torch.empty(shapes[2], dtype=dtype, device=device)
+            delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
+            pre(o, do, delta)
+            dkdv(q, k, v, do, lse, delta, dk, dv)
+            dq_(q, k, v, do, lse, delta, dq)
+            return dq, dk, dv
+        _remember(key, plan)
     return dq, dk, dv
 
 

@@ -270,6 +270,7 @@ def test_launch_plan_signature_tells_misaligned_views_apart():
     assert ft._signature(x[:, :, 1:]) != ft._signature(x[:, :, 2:])   # same shape and strides, offset 64 B vs 128 B
     assert ft._signature(x[:, :, 1:]) == ft._signature(x[:, :, 1:])
     assert ft._signature(x.transpose(1, 2)) != ft._signature(x.transpose(1, 2).contiguous())
+    assert ft._signature(x) != ft._signature(x.double())  # a plan skips the input checks: dtype is in the key
     assert ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)}).key != ft.DEFAULT_OPTIONS.key
 
 
@@ -371,11 +372,15 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
     ft.clear_launch_plans()
     q, k, v, do = _inputs(shape, shape, seed=3)
     first = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
-    assert any(key[0] == "fwd" for key in ft._PLANS) and all(plan is not None for plan in ft._PLANS.values())
+    assert {key[0] for key in ft._PLANS} == {"fwd", "bwd"}  # both directions planned
     for _ in range(2):
         again = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
         for a, b in zip(first[:1] + first[2:], again[:1] + again[2:], strict=True):
             assert torch.equal(a, b)
+    # a plan skips the input checks, so inputs that differ only in what the checks look at must miss it
+    qc, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
+    with pytest.raises(TypeError, match="share a dtype"):
+        FlashAttentionTriton.apply(qc, kc.half(), vc, causal)
     # a strided view of the same shape is a new signature, computed right
     _check(FlashAttentionTriton, shape, shape, causal, torch.bfloat16, prep=lambda t: t.transpose(1, 2)
            .contiguous().transpose(1, 2))
