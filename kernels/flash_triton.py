@@ -697,7 +697,8 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     fixed = args[n_tensors:] + tuple(named[name] for name in jit_fn.arg_names[len(args):])
     grid = tuple(grid(named) if callable(grid) else grid)
     grid = grid + (1,) * (3 - len(grid))  # the compiled launcher reads all three axes
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    if any(h is not None and getattr(h, "calls", True) for h in hooks):  # a HookChain with calls, or a callable
         runner = compiled[grid]  # a profiler's launch hooks are installed: keep Triton's wrapper, which calls them
         return lambda *tensors: runner(*tensors, *fixed)
     return _KernelPlan(compiled, grid, fixed, device)
@@ -781,6 +782,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             lse = torch.empty(shape[:-1], dtype=torch.float32, device=device)
             kernel(q, k, v, o, lse)
             return o, lse
+        plan.kernels = (kernel,)
         _remember(key, plan)
     return out, lse
 
@@ -843,6 +845,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dkdv(q, k, v, do, lse, delta, dk, dv)
             dq_(q, k, v, do, lse, delta, dq)
             return dq, dk, dv
+        plan.kernels = (pre, dkdv, dq_)
         _remember(key, plan)
     return dq, dk, dv
 

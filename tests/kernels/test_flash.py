@@ -373,6 +373,8 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
     q, k, v, do = _inputs(shape, shape, seed=3)
     first = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
     assert {key[0] for key in ft._PLANS} == {"fwd", "bwd"}  # both directions planned
+    # with no Triton launch hooks installed, every kernel launches through the direct path
+    assert all(isinstance(kernel, ft._KernelPlan) for plan in ft._PLANS.values() for kernel in plan.kernels)
     for _ in range(2):
         again = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
         for a, b in zip(first[:1] + first[2:], again[:1] + again[2:], strict=True):

@@ -1,0 +1,90 @@
+"""The model suite's training step with two attention implementations, interleaved in one process.
+
+One model, one optimizer, one compiled wrapper: the blocks' attention function is switched between
+rounds in the order A B B A A B ..., so both implementations run on the same weights, clocks and
+allocator. Under --compile each implementation gets its own compiled graph (dynamo guards on the
+attention function) and both stay cached. Each round times `--steps` steps with CUDA events after one
+untimed step (worker.harness.measure); the report keeps every sample, the medians, and the ratio
+B / A with a bootstrap interval over the samples.
+
+    python -m benchmarks.model_attention_ab --size xl --precision bf16 --compile \
+        --impls flash_triton,sdpa --out model_ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+class _Quiet:
+    """The suite's progress context, printing to stderr."""
+
+    def progress(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+
+def use_attention(model, name: str) -> None:
+    """Switch every block of a TransformerLM to attention implementation `name`."""
+    from kernels.impls import get_attention
+
+    fn = get_attention(name)
+    for block in model.layers:
+        block.attn.attention, block.attn._attn_fn = name, fn
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--size", default="xl")
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--impls", default="flash_triton,sdpa", help="two attention implementations, A,B")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+    impls = args.impls.split(",")
+    if len(impls) != 2:
+        ap.error(f"--impls takes two names, got {args.impls!r}")
+
+    import torch
+
+    from worker.harness import fingerprint, measure
+    from worker.stats import ratio_interval
+    from worker.suites.model import Params, build
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda needs a CUDA GPU")
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8)
+    p = Params(size=args.size, precision=args.precision, compile=args.compile, attention=impls[0], scope="step",
+               device=args.device)
+    cell = build(p, args.device, _Quiet())
+    for name in impls:  # compile, autotune and plan each before anything is timed
+        use_attention(cell.model, name)
+        for _ in range(3):
+            cell.step()
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for r in range(args.rounds):
+        order = impls if r % 2 == 0 else impls[::-1]
+        for name in order:
+            use_attention(cell.model, name)
+            samples[name] += measure(cell.step, warmup=1, repeats=args.steps, device=args.device).samples_ms
+        print(json.dumps({"round": r, **{n: samples[n][-args.steps:] for n in impls}}), file=sys.stderr, flush=True)
+    ratio, lo, hi = ratio_interval(samples[impls[0]], samples[impls[1]])
+    report = {"kind": "model_attention_ab", **fingerprint(args.commit), "params": p.model_dump(),
+              "impls": impls, "samples_ms": samples,
+              "median_ms": {n: statistics.median(xs) for n, xs in samples.items()},
+              "ratio_b_over_a": {"median": ratio, "low": lo, "high": hi, "level": 0.95}}
+    print(json.dumps({"median_ms": report["median_ms"], "ratio_b_over_a": report["ratio_b_over_a"]}),
+          file=sys.stderr, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
