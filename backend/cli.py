@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from worker.contract import FAILED_STATES, UNFINISHED_STATUSES, RunCell, RunHeader
+from worker.suites import suite_names
 
 app = typer.Typer(help="benchlab: run and compare GPU benchmarks of attention kernels and data-parallel training.",
                   no_args_is_help=True, add_completion=False)
@@ -229,7 +230,7 @@ def _summary_table(suite: str, rows: list[dict[str, Any]]) -> Table:
 
 
 @app.command()
-def run(suite: Optional[str] = typer.Argument(None, help="attention | model | ddp | allreduce | noop"),
+def run(suite: Optional[str] = typer.Argument(None, help=" | ".join(suite_names())),
         param: list[str] = typer.Option([], "--param", "-p", help="name=value[,value...]; repeat for each param"),
         spec: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
                                             help="a sweep spec (JSON or YAML, as `submit` takes) instead of "
