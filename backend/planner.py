@@ -9,7 +9,7 @@ bandwidth: an all-reduce of s bytes takes 2 (N-1)/N s / W, an all-gather or redu
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
 # how a measured `ddp` cell's wrapper maps onto the planner's strategies
@@ -173,9 +173,29 @@ def max_devices_before_comm_bound(m: Model, batch: int, c: Cluster, strategy: st
     return best
 
 
+def recipe_precision(par: dict, p: Precision = Precision()) -> tuple[Precision, str | None]:
+    """The bytes per parameter a `leaderboard` recipe keeps on each GPU, and what its prediction leaves out.
+
+    param_dtype=bf16: 2-byte weights and gradients (and collectives), with 4-byte fp32 masters beside
+    the optimizer state; state_dtype=bf16: AdamW's m and v in 2 bytes each (4, not 8); offload: masters
+    and state on the host (0 bytes on the GPU), and the optimizer step, run by the host's CPU, is not
+    in the predicted step (so no step ratio is given).
+    """
+    bf16_weights = par.get("param_dtype") == "bf16"
+    weight = 2 if bf16_weights else p.param_bytes
+    state = 4 if par.get("state_dtype") == "bf16" else p.optim_bytes
+    if par.get("offload"):
+        optim, note = 0, "offload: the host's optimizer step is not predicted"
+    else:
+        optim, note = state + (4 if bf16_weights else 0), None
+    return replace(p, param_bytes=weight, grad_bytes=weight, optim_bytes=optim,
+                   comm_bytes=2 if bf16_weights else p.comm_bytes), note
+
+
 def predict_measured(rows: list[dict], c: Cluster, p: Precision = Precision()) -> list[dict]:
-    """Predicted step time and memory beside each finished multi-GPU `ddp` or `leaderboard` cell (its
-    model, batch and world size from its params and metrics), with measured / predicted."""
+    """Predicted step time and memory beside each finished GPU `ddp` or `leaderboard` cell (its model,
+    batch and world size from its params and metrics; a leaderboard recipe's dtypes and offload from
+    recipe_precision), with measured / predicted."""
     out = []
     for r in rows:
         met, par = r.get("metrics") or {}, r.get("params") or {}
@@ -191,16 +211,17 @@ def predict_measured(rows: list[dict], c: Cluster, p: Precision = Precision()) -
         batch = (par.get("batch", 1) if leaderboard else model["batch"]) * n  # the planner's batch is the step's
         overlap = leaderboard or par.get("wrapper") not in ("naive", "flat")
         checkpointing = leaderboard and par.get("checkpointing", "none") != "none"
+        cell_p, note = recipe_precision(par, p) if leaderboard else (p, None)
         pred = plan_one(m, batch, Cluster(n, c.memory_bytes, c.flops, c.bandwidth, overlap=overlap),
-                        strategy, n, 1, p, checkpointing)
+                        strategy, n, 1, cell_p, checkpointing)
         step_ms, peak = met.get("median_ms"), met.get("peak_mem_bytes")
         out.append({"job_id": r.get("job_id"), "wrapper": f"leaderboard {recipe}" if leaderboard else recipe,
                     "world_size": n, "d_model": m.d_model, "num_layers": m.num_layers, "measured_step_ms": step_ms,
                     "predicted_step_ms": pred["step_s"] * 1e3,
-                    "step_ratio": step_ms / (pred["step_s"] * 1e3) if step_ms else None,
+                    "step_ratio": step_ms / (pred["step_s"] * 1e3) if step_ms and note is None else None,
                     "measured_peak_bytes": peak, "predicted_memory_bytes": pred["memory_total"],
                     "memory_ratio": peak / pred["memory_total"] if peak else None,
-                    "host_bound": met.get("host_bound")})
+                    "host_bound": met.get("host_bound"), "note": note})
     return out
 
 

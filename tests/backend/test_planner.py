@@ -15,6 +15,7 @@ from backend.planner import (
     plan,
     plan_one,
     predict_measured,
+    recipe_precision,
     step_flops,
 )
 from backend.settings import BackendSettings
@@ -116,6 +117,32 @@ def test_leaderboard_cells_are_predicted_with_their_sharding_batch_and_checkpoin
     assert r["wrapper"] == "leaderboard fsdp"
     assert r["predicted_step_ms"] == pytest.approx(expected["step_s"] * 1e3)
     assert r["memory_ratio"] == pytest.approx(4e9 / expected["memory_total"])
+
+
+def test_recipe_precision_counts_what_each_leaderboard_option_keeps_on_the_gpu():
+    assert recipe_precision({}) == (P, None)
+    assert recipe_precision({"state_dtype": "bf16"})[0].optim_bytes == 4  # m and v at 2 bytes each
+    bf16 = recipe_precision({"param_dtype": "bf16"})[0]
+    assert (bf16.param_bytes, bf16.grad_bytes, bf16.optim_bytes, bf16.comm_bytes) == (2, 2, 4 + 8, 2)
+    off, note = recipe_precision({"param_dtype": "bf16", "state_dtype": "bf16", "offload": True})
+    assert (off.param_bytes, off.grad_bytes, off.optim_bytes) == (2, 2, 0) and "host" in note
+
+
+def test_an_offloaded_leaderboard_cell_gets_its_memory_predicted_and_no_step_ratio():
+    model = {"d_model": 1000, "d_ff": 4000, "num_layers": 10, "num_heads": 10, "vocab_size": 1000,
+             "context_length": 100}
+    par = {"sharding": "none", "batch": 1, "checkpointing": "block", "world_size": 1, "param_dtype": "bf16",
+           "state_dtype": "bf16", "offload": True}
+    rows = [{"job_id": 3, "state": "done", "params": par,
+             "metrics": {"backend": "nccl", "world_size": 1, "median_ms": 900.0, "peak_mem_bytes": 1e9,
+                         "model": model}}]
+    [r] = predict_measured(rows, Cluster(1, 80e9, 1e12, 1e9))
+    # on the GPU: bf16 weights and gradients (2 + 2 bytes a parameter), no optimizer state; activations
+    # with checkpointing: 10 layers' inputs (100 tokens x 1000 x 2 bytes) plus one layer's full set
+    acts = 10 * 100 * 1000 * 2 + 100 * 1000 * (10 + 24) * 2 / 2
+    assert r["predicted_memory_bytes"] == pytest.approx(M.params * 4 + acts)
+    assert r["step_ratio"] is None and "host" in r["note"]
+    assert r["memory_ratio"] == pytest.approx(1e9 / r["predicted_memory_bytes"])
 
 
 def test_plan_api_validates_and_names_its_sources(tmp_path):
