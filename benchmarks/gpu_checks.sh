@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# The GPU checks of a change, on a host with torch in its own environment and no network:
-# install benchlab from a wheelhouse, run the kernel tests (all of them: on a GPU host the unmarked
-# ones run on CUDA too, e.g. torch.compile of the flash apply under inductor) and the suites' GPU
-# tests, then the distributed suites through `benchlab run` on the GPUs there are (1 GPU: one-rank cells, which exercise the CUDA-event
-# timing and the profiler's kernel accounting, and the leaderboard step at a quarter of its layers and
-# context; the two-GPU studies are benchmarks/ddp_study.sh and benchmarks/specs/leaderboard.yaml).
-# Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON]     (from the repository root)
+# The GPU checks of a change, on a host with torch in its own environment and no network: install
+# benchlab from a wheelhouse, then run the stages named (all three when none is):
+#   kernels      every kernel test (on a GPU host the unmarked ones run on CUDA too, e.g. torch.compile
+#                of the flash apply under inductor); cold Triton and inductor caches make this the
+#                longest stage, up to about 8 minutes on an H200
+#   suites       the suites' GPU tests, then the distributed suites through `benchlab run` on one GPU:
+#                one-rank ddp and allreduce cells, which exercise the CUDA-event timing and the
+#                profiler's kernel accounting
+#   leaderboard  the leaderboard step at a quarter of its layers and context (FSDP and ZeRO-1, one rank)
+# Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
+# benchmarks/specs/leaderboard.yaml.
+# Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON] [STAGE...]     (from the repository root)
 # Pass BENCHLAB_COMMIT: a copied tree may carry a stale .git, and the commit recorded must be what ran.
 set -u
 out=${1:?output folder}; wh=${2:?wheelhouse}; py=${3:-$(command -v python3)}
+shift $(( $# < 3 ? $# : 3 ))
+stages=${*:-kernels suites leaderboard}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
 "$py" -m pip install -q --no-index --find-links "$wh" pytest >> "$out/install.log" 2>&1
-timeout 330 "$py" -m pytest -q -p no:cacheprovider tests/kernels > "$out/gpu_tests.log" 2>&1
-echo "kernel tests rc=$?"
-timeout 120 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker/test_suites.py >> "$out/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; tail -n 3 "$out/gpu_tests.log"
-timeout 200 "$py" -m backend.cli run ddp --out "$out/ddp_1gpu.jsonl" --timeout-s 180 -p device=cuda -p world_size=1 \
-  -p size=small -p precision=bf16 -p wrapper=none,bucketed,zero1,fsdp,torch_ddp > "$out/ddp_1gpu.log" 2>&1
-echo "ddp rc=$?"; tail -n 8 "$out/ddp_1gpu.log"
-timeout 100 "$py" -m backend.cli run allreduce --out "$out/allreduce_1gpu.jsonl" -p device=cuda -p world_size=1 \
-  -p size_mb=1,16,256 > "$out/allreduce_1gpu.log" 2>&1
-echo "allreduce rc=$?"; tail -n 5 "$out/allreduce_1gpu.log"
-timeout 240 "$py" -m backend.cli run leaderboard --out "$out/leaderboard_1gpu.jsonl" --timeout-s 220 -p device=cuda \
-  -p world_size=1 -p scale=0.25 -p sharding=fsdp,zero1 -p steps=3 > "$out/leaderboard_1gpu.log" 2>&1
-echo "leaderboard rc=$?"; tail -n 6 "$out/leaderboard_1gpu.log"
+for stage in $stages; do
+  case $stage in
+    kernels)
+      timeout 540 "$py" -m pytest -q -p no:cacheprovider --durations=10 tests/kernels > "$out/gpu_tests_kernels.log" 2>&1
+      echo "kernel tests rc=$?"; tail -n 3 "$out/gpu_tests_kernels.log" ;;
+    suites)
+      timeout 120 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker/test_suites.py > "$out/gpu_tests_suites.log" 2>&1
+      echo "suite gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_suites.log"
+      timeout 200 "$py" -m backend.cli run ddp --out "$out/ddp_1gpu.jsonl" --timeout-s 180 -p device=cuda -p world_size=1 \
+        -p size=small -p precision=bf16 -p wrapper=none,bucketed,zero1,fsdp,torch_ddp > "$out/ddp_1gpu.log" 2>&1
+      echo "ddp rc=$?"; tail -n 8 "$out/ddp_1gpu.log"
+      timeout 100 "$py" -m backend.cli run allreduce --out "$out/allreduce_1gpu.jsonl" -p device=cuda -p world_size=1 \
+        -p size_mb=1,16,256 > "$out/allreduce_1gpu.log" 2>&1
+      echo "allreduce rc=$?"; tail -n 5 "$out/allreduce_1gpu.log" ;;
+    leaderboard)
+      timeout 400 "$py" -m backend.cli run leaderboard --out "$out/leaderboard_1gpu.jsonl" --timeout-s 190 -p device=cuda \
+        -p world_size=1 -p scale=0.25 -p sharding=fsdp,zero1 -p steps=3 > "$out/leaderboard_1gpu.log" 2>&1
+      echo "leaderboard rc=$?"; tail -n 6 "$out/leaderboard_1gpu.log" ;;
+    *) echo "unknown stage $stage (kernels, suites, leaderboard)"; exit 2 ;;
+  esac
+done

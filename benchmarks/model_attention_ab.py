@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8)
     p = Params(size=args.size, precision=args.precision, compile=args.compile, attention=impls[0], scope="step",
                device=args.device)
-    cell = build(p, args.device, _Quiet())
+    cell = build(p, args.device, _Quiet())  # a cold xl model under --compile: minutes before the first round
     for name in impls:  # compile, autotune and plan each before anything is timed
         use_attention(cell.model, name)
-        for _ in range(3):
+        for i in range(3):
+            _Quiet().progress(f"warming {name}: step {i + 1} of 3" + (" (compiles first)" if args.compile else ""))
             cell.step()
     samples: dict[str, list[float]] = {name: [] for name in impls}
     for r in range(args.rounds):

@@ -436,3 +436,53 @@ def test_gpu_model_with_flash_compiles_as_one_graph_under_inductor():
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     cross_entropy(got, ids).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_a_kernel_plan_hands_the_compiled_launcher_new_tensors_and_the_fixed_rest(monkeypatch):
+    # the direct path's argument order (Triton's compiled launcher: grid, stream, function, metadata,
+    # launch metadata, two hooks, then every parameter in signature order) only runs on a GPU host;
+    # here a recording stand-in for the compiled kernel checks it
+    from types import SimpleNamespace
+
+    import triton
+    from triton import knobs
+
+    import kernels.flash_triton as ft
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def _init_handles(self):
+            pass
+
+        def run(self, *args):
+            calls.append(("direct", args))
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("wrapper", grid, args))
+
+    jit_fn = SimpleNamespace(arg_names=["Q", "O", "n_q", "n_k", "HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N",
+                                        "EVEN_M", "EVEN_N", "EVEN_D"])
+    q, o = torch.zeros(1), torch.zeros(1)
+    monkeypatch.setattr(ft, "_current_stream", lambda device: f"stream{device}")
+
+    def make():
+        return ft._kernel_plan(jit_fn, Compiled(), (q, o, 100, 96), 2, {"HEAD_DIM": 64, "BLOCK_D": 64},
+                               ft.make_config(64, 32, 4, 3), lambda meta: (triton.cdiv(100, meta["BLOCK_M"]), 3), 5)
+    fixed = (100, 96, 64, 64, 64, 32, False, True, True)  # scalars, then constexprs with the EVEN_* rules applied
+    plan = make()
+    assert isinstance(plan, ft._KernelPlan)
+    q2, o2 = torch.ones(1), torch.ones(1)
+    plan(q2, o2)
+    assert calls[-1] == ("direct", (2, 3, 1, "stream5", "fn", "meta", None, None, None, q2, o2, *fixed))
+
+    hook = lambda *a: None  # noqa: E731 (a profiler's launch hook)
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        plan = make()  # with a hook installed the plan keeps Triton's wrapper, which calls the hooks
+        plan(q2, o2)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert calls[-1] == ("wrapper", (2, 3, 1), (q2, o2, *fixed))
