@@ -715,13 +715,13 @@ def _launch(which: str, jit_fn, args: tuple, n_tensors: int, grid, constexprs: d
     else:
         kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
     compiled = kernel[grid](*args, **constexprs, **fixed)
-    if not want_plan:
-        return None
     if which != "pre":
         tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
         if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this signature
             return None
         config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
+    if not want_plan:
+        return None
     return _kernel_plan(jit_fn, compiled, args, n_tensors, constexprs, config, grid, q.get_device())
 
 
