@@ -20,17 +20,19 @@ REFERENCE_TFLOPS, REFERENCE_GBPS, REFERENCE_MEMORY_GB = 989.0, 450.0, 141.0
 
 
 def measured_inputs(db) -> dict[str, Any]:
-    """C and W from benchlab's own results: the newest model-suite cell with a measured matmul peak,
-    and the all-reduce fit of the newest multi-GPU allreduce sweep (bus bandwidth)."""
+    """C and W from benchlab's own results: the newest model or leaderboard sweep with a measured
+    matmul peak (both suites measure it the same way: worker.harness.measured_peak_tflops), and the
+    all-reduce fit of the newest multi-GPU allreduce sweep (bus bandwidth)."""
     found: dict[str, Any] = {}
-    for sweep in db.exec(select(Sweep).where(Sweep.suite.in_(("model", "allreduce")))
+    for sweep in db.exec(select(Sweep).where(Sweep.suite.in_(("model", "leaderboard", "allreduce")))
                          .order_by(Sweep.id.desc()).limit(100)).all():
         rows = service.result_rows(db, sweep.id)
-        if sweep.suite == "model" and "flops" not in found:
+        if sweep.suite in ("model", "leaderboard") and "flops" not in found:
             peaks = [r["metrics"].get("peak_tflops_measured") for r in rows if r["state"] == "done"
                      and (r["metrics"] or {}).get("peak_tflops_measured")]
             if peaks:
-                found["flops"] = {"tflops": max(peaks), "source": f"model sweep #{sweep.id} (measured matmul peak)"}
+                found["flops"] = {"tflops": max(peaks),
+                                  "source": f"{sweep.suite} sweep #{sweep.id} (measured matmul peak)"}
         if sweep.suite == "allreduce" and "bandwidth" not in found:
             worlds = sorted({r["params"].get("world_size") for r in rows
                              if r["state"] == "done" and (r["metrics"] or {}).get("backend") == "nccl"

@@ -145,6 +145,27 @@ def test_an_offloaded_leaderboard_cell_gets_its_memory_predicted_and_no_step_rat
     assert r["memory_ratio"] == pytest.approx(1e9 / r["predicted_memory_bytes"])
 
 
+def test_the_plan_takes_c_from_the_newest_measured_matmul_peak_model_or_leaderboard(tmp_path):
+    from backend.db import make_engine, migrate, session
+    from backend.service import import_results
+
+    settings = BackendSettings(data_dir=tmp_path)
+    engine = make_engine(settings)
+    migrate(engine)
+
+    def sweep(suite, peak):
+        return [{"kind": "sweep", "suite": suite, "params": {}},
+                {"kind": "cell", "cell": 0, "params": {}, "state": "done", "metrics": {"peak_tflops_measured": peak},
+                 "env": {"gpu_name": "G", "torch": "x", "python": "3"}}]
+    with session(engine) as db:
+        import_results(db, sweep("model", 600.0))
+        newest = import_results(db, sweep("leaderboard", 700.0))
+    with TestClient(create_app(settings, with_recorder=False)) as c:
+        r = c.get("/api/plan", params={"size": "small", "devices": 2})
+        assert r.json()["sources"]["flops"] == f"leaderboard sweep #{newest.id} (measured matmul peak)"
+        assert r.json()["cluster"]["flops"] == pytest.approx(700e12)
+
+
 def test_plan_api_validates_and_names_its_sources(tmp_path):
     with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
         r = c.get("/api/plan", params={"size": "small", "devices": 4, "tflops": 500})
