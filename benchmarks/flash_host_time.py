@@ -56,6 +56,12 @@ def host_us(fn, calls: int) -> float:
     return float("nan") if waited else (t1 - t0) / calls * 1e6
 
 
+def median_kept(xs: list[float]) -> float:
+    """Median of the samples that are not nan (host_us's mark of a sample that waited for the GPU)."""
+    kept = [x for x in xs if x == x]
+    return statistics.median(kept) if kept else float("nan")
+
+
 def implementations(baseline):
     """name -> attention callable (q, k, v, causal) -> out."""
     from kernels.impls import get_attention
@@ -104,8 +110,7 @@ def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int) ->
     for row in cell["impls"].values():
         if "error" not in row:
             for metric in list(row):
-                kept = [x for x in row[metric] if x == x]  # nan: a host sample that waited for the GPU
-                row[f"{metric}_median"] = statistics.median(kept) if kept else float("nan")
+                row[f"{metric}_median"] = median_kept(row[metric])
             row["host_bound_fwd_bwd"] = row["fwd_bwd_host_us_median"] / 1e3 > row["fwd_bwd_gpu_ms_median"]
     return cell
 
@@ -205,8 +210,7 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
     finally:
         ft.flash_attention_backward = launcher
     out["us"]["backward_launcher_inside_engine"] = inside
-    out["median_us"] = {name: statistics.median([x for x in xs if x == x] or [float("nan")])
-                        for name, xs in out["us"].items()}
+    out["median_us"] = {name: median_kept(xs) for name, xs in out["us"].items()}
     if profile_path is not None:
         prof = cProfile.Profile()
         prof.enable()

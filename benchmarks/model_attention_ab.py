@@ -1,6 +1,6 @@
 """The model suite's training step with two attention implementations, interleaved in one process.
 
-One model, one optimizer, one compiled wrapper: the blocks' attention function is switched between
+One model, one optimizer, one compiled wrapper: TransformerLM.set_attention switches the blocks between
 rounds in the order A B B A A B ..., so both implementations run on the same weights, clocks and
 allocator. Under --compile each implementation gets its own compiled graph (dynamo guards on the
 attention function) and both stay cached. Each round times `--steps` steps with CUDA events after one
@@ -19,20 +19,11 @@ import sys
 from pathlib import Path
 
 
-class _Quiet:
+class _Stderr:
     """The suite's progress context, printing to stderr."""
 
     def progress(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
-
-
-def use_attention(model, name: str) -> None:
-    """Switch every block of a TransformerLM to attention implementation `name`."""
-    from kernels.impls import get_attention
-
-    fn = get_attention(name)
-    for block in model.layers:
-        block.attn.attention, block.attn._attn_fn = name, fn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,17 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8)
     p = Params(size=args.size, precision=args.precision, compile=args.compile, attention=impls[0], scope="step",
                device=args.device)
-    cell = build(p, args.device, _Quiet())  # a cold xl model under --compile: minutes before the first round
+    ctx = _Stderr()
+    cell = build(p, args.device, ctx)  # a cold xl model under --compile: minutes before the first round
     for name in impls:  # compile, autotune and plan each before anything is timed
-        use_attention(cell.model, name)
+        cell.model.set_attention(name)
         for i in range(3):
-            _Quiet().progress(f"warming {name}: step {i + 1} of 3" + (" (compiles first)" if args.compile else ""))
+            ctx.progress(f"warming {name}: step {i + 1} of 3" + (" (compiles first)" if args.compile else ""))
             cell.step()
     samples: dict[str, list[float]] = {name: [] for name in impls}
     for r in range(args.rounds):
         order = impls if r % 2 == 0 else impls[::-1]
         for name in order:
-            use_attention(cell.model, name)
+            cell.model.set_attention(name)
             samples[name] += measure(cell.step, warmup=1, repeats=args.steps, device=args.device).samples_ms
         print(json.dumps({"round": r, **{n: samples[n][-args.steps:] for n in impls}}), file=sys.stderr, flush=True)
     ratio, lo, hi = ratio_interval(samples[impls[0]], samples[impls[1]])

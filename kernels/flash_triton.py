@@ -443,7 +443,7 @@ def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> 
     dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d).
     """
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    d = max(16, _pow2_at_least(head_dim))
+    d = _block_d(head_dim)
     if kernel == "dkdv":
         resident, streamed = 2 * bn * d, 2 * bm * d
     else:
@@ -495,6 +495,11 @@ def _pow2_at_least(n: int) -> int:
     """The smallest power of two >= n (n >= 1). Plain Python: triton.next_power_of_2 goes through
     Triton's function-call machinery, microseconds per call on every launch."""
     return 1 << (n - 1).bit_length()
+
+
+def _block_d(head_dim: int) -> int:
+    """The padded head dim the kernels tile with: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, _pow2_at_least(head_dim))
 
 
 def _seq_bucket(n: int) -> int:
@@ -590,6 +595,7 @@ DEFAULT_OPTIONS = LaunchOptions()
 _SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
 _TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned}
 _HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq}
+_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel, "pre": _bwd_preprocess}
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -704,12 +710,18 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     return _KernelPlan(compiled, grid, fixed, device)
 
 
-def _launch(which: str, jit_fn, args: tuple, n_tensors: int, grid, constexprs: dict, q: torch.Tensor,
+def _constexprs(is_causal: bool, head_dim: int, precision: str, tile_major: bool) -> dict:
+    """The compile-time parameters the forward, dK/dV and dQ kernels share."""
+    return dict(IS_CAUSAL=is_causal, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
+                TILE_MAJOR=tile_major)
+
+
+def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: torch.Tensor,
             head_dim: int, options: LaunchOptions, want_plan: bool):
     """Launch kernel `which` (fwd, dkdv, dq or pre) through Triton with runtime `args` in signature order,
     picking the config (pinned, autotuned or first fitting). Returns a plan for later calls of the same
     signature when `want_plan` (None if none can be made)."""
-    config = None
+    jit_fn, config = _JIT[which], None
     if which == "pre":
         kernel, fixed = jit_fn, {}
     else:
@@ -769,11 +781,9 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)),
-                      INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
     want_plan = key is not None and _plannable(q, k, v)
-    kernel = _launch("fwd", _fwd_kernel, args, 5, _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d,
-                     options, want_plan)
+    kernel = _launch("fwd", args, 5, _grid(n_q, "BLOCK_M", Z * H, tile_major),
+                     _constexprs(is_causal, d, precision, tile_major), q, d, options, want_plan)
     if kernel is not None:
         shape, dtype, device = q.shape, q.dtype, q.device
 
@@ -819,17 +829,16 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
 
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     pre_block = 64  # Delta is one pass over O and dO: bandwidth-bound, any tile that fills the GPU
-    pre = _launch("pre", _bwd_preprocess, (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q), 3,
-                  (Z * H, triton.cdiv(n_q, pre_block)),
-                  dict(HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)), BLOCK_M=pre_block), q, d, options, want_plan)
+    pre = _launch("pre", (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q), 3,
+                  (Z * H, triton.cdiv(n_q, pre_block)), dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=pre_block),
+                  q, d, options, want_plan)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    constexprs = dict(IS_CAUSAL=is_causal, HEAD_DIM=d, BLOCK_D=max(16, _pow2_at_least(d)),
-                      INPUT_PRECISION=precision, TILE_MAJOR=tile_major)
-    dkdv = _launch("dkdv", _bwd_dkdv_kernel,
+    constexprs = _constexprs(is_causal, d, precision, tile_major)
+    dkdv = _launch("dkdv",
                    (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
                     *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
                    _grid(n_k, "BLOCK_N", Z * H, tile_major), constexprs, q, d, options, want_plan)
-    dq_ = _launch("dq", _bwd_dq_kernel,
+    dq_ = _launch("dq",
                   (q4, k4, v4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
                    *_strides(do4), *_strides(dq4), *common), 7,
                   _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)

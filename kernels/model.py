@@ -98,8 +98,11 @@ class CausalMultiHeadSelfAttention(nn.Module):
         self.v_proj = Linear(d_model, d_model)
         self.output_proj = Linear(d_model, d_model)
         self.positional_encoder = positional_encoder  # one module shared by every block, as in the reference
-        self.attention = attention
-        self._attn_fn = get_attention(attention)
+        self.set_attention(attention)
+
+    def set_attention(self, name: str) -> None:
+        """Use attention implementation `name` (kernels.impls) from the next call on."""
+        self.attention, self._attn_fn = name, get_attention(name)
 
     def forward(self, x: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
         *lead, seq, d_model = x.shape
@@ -164,6 +167,11 @@ def parse_checkpointing(policy: str, num_layers: int) -> tuple[int, bool]:
     raise ValueError(f"checkpointing must be 'none', 'block', 'every_K' (K >= 1) or 'nested', got {policy!r}")
 
 
+def _check_attention(name: str) -> None:
+    if name not in IMPL_NAMES:
+        raise ValueError(f"unknown attention {name!r}; choose from {', '.join(IMPL_NAMES)}")
+
+
 class TransformerLM(nn.Module):
     """The CS336 reference Transformer LM. forward(token_ids (batch, seq)) -> logits (batch, seq, vocab)."""
 
@@ -171,8 +179,7 @@ class TransformerLM(nn.Module):
                  d_ff: int, rope_theta: float | None = 10000.0, attention: str = "naive",
                  checkpointing: str = "none"):
         super().__init__()
-        if attention not in IMPL_NAMES:
-            raise ValueError(f"unknown attention {attention!r}; choose from {', '.join(IMPL_NAMES)}")
+        _check_attention(attention)
         for name, value in (("vocab_size", vocab_size), ("context_length", context_length), ("d_model", d_model),
                             ("num_layers", num_layers), ("num_heads", num_heads), ("d_ff", d_ff)):
             if value <= 0:
@@ -191,6 +198,13 @@ class TransformerLM(nn.Module):
         self.ln_final = RMSNorm(d_model)
         self.lm_head = Linear(d_model, vocab_size)
         self.checkpoint_every, self.checkpoint_nested = parse_checkpointing(checkpointing, num_layers)
+
+    def set_attention(self, name: str) -> None:
+        """Switch every block to attention implementation `name` (same weights; under torch.compile each
+        implementation gets its own graph, since dynamo guards on the attention function)."""
+        _check_attention(name)
+        for block in self.layers:
+            block.attn.set_attention(name)
 
     def _run_blocks(self, blocks, x, token_positions, inner_checkpoint: bool):
         for block in blocks:
