@@ -1,7 +1,8 @@
 """A/B of the flash kernels: this tree's kernels.flash_triton against another version of the file.
 
 Both load in one process and are timed alternately on the same inputs (rounds of A then B), so
-clock drift and machine noise fall on both; outputs are compared too.
+clock drift and machine noise fall on both; outputs are compared too (`--pass bwd`: dQ, dK, dV,
+each version on its own forward's O and L).
 
     git show aab62a8:kernels/flash_triton.py > /tmp/flash_base.py
     python -m benchmarks.flash_ab --baseline /tmp/flash_base.py --out flash_ab.json
@@ -31,6 +32,23 @@ def load_module(path: Path, name: str = "flash_baseline"):
     return module
 
 
+def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
+    """"16,16384,64,causal" -> ((16, 16384, 64), True): 3 or 4 sizes, then optionally "causal"."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    causal = bool(parts) and parts[-1] == "causal"
+    sizes = parts[:-1] if causal else parts
+    if len(sizes) not in (3, 4) or not all(x.isdigit() and int(x) > 0 for x in sizes):
+        raise argparse.ArgumentTypeError(f"shape {text!r}: want 3 or 4 positive sizes, then optionally 'causal'")
+    return tuple(int(x) for x in sizes), causal
+
+
+def _call(mod, which: str, q, k, v, do, causal: bool, out, lse):
+    """The timed call of one version: its forward launcher, or its backward launcher on (out, lse)."""
+    if which == "fwd":
+        return lambda: mod.flash_attention_forward(q, k, v, causal)
+    return lambda: mod.flash_attention_backward(q, k, v, out, lse, do, causal)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, required=True, help="path of the other flash_triton.py")
@@ -39,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
+                    help="a shape to time (repeatable; default: the four of SHAPES); a 3-number shape has no head axis")
+    ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd",
+                    help="time the forward launcher, or the backward launcher on each version's own forward outputs")
     args = ap.parse_args(argv)
 
     import torch
@@ -48,24 +70,23 @@ def main(argv: list[str] | None = None) -> int:
 
     base = load_module(args.baseline)
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": args.label or args.baseline.name,
-              "pass": "fwd", "rounds": args.rounds, "cells": []}
-    for shape, causal in SHAPES:
+              "pass": args.which, "rounds": args.rounds, "cells": []}
+    for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+        versions = {"current": current, "baseline": base}
+        saved = {label: mod.flash_attention_forward(q, k, v, causal) for label, mod in versions.items()}
+        calls = {label: _call(mod, args.which, q, k, v, do, causal, *saved[label]) for label, mod in versions.items()}
         ms = {"current": [], "baseline": []}
         for _ in range(args.rounds):
-            for label, mod in (("current", current), ("baseline", base)):
-                def fwd(mod=mod, q=q, k=k, v=v, causal=causal):
-                    return mod.flash_attention_forward(q, k, v, causal)
-
-                t = measure(fwd, warmup=3, repeats=args.repeats,
-                            device="cuda")
-                ms[label].append(t.median_ms)
-        o_cur, _ = current.flash_attention_forward(q, k, v, causal)
-        o_base, _ = base.flash_attention_forward(q, k, v, causal)
+            for label in versions:
+                ms[label].append(measure(calls[label], warmup=3, repeats=args.repeats, device="cuda").median_ms)
+        out_cur, out_base = calls["current"](), calls["baseline"]()
+        out_cur, out_base = (out_cur, out_base) if args.which == "bwd" else (out_cur[:1], out_base[:1])
         cell = {"shape": list(shape), "causal": causal, "current_ms": ms["current"], "baseline_ms": ms["baseline"],
                 "speedup": min(ms["baseline"]) / min(ms["current"]),
-                "max_abs_diff": (o_cur.float() - o_base.float()).abs().max().item()}
+                "max_abs_diff": max((a.float() - b.float()).abs().max().item()
+                                    for a, b in zip(out_cur, out_base, strict=True))}
         report["cells"].append(cell)
         print(json.dumps(cell), file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""FlashAttention-2 in Triton: forward, and backward as three kernels (D, dK/dV, dQ).
+"""FlashAttention-2 in Triton: forward, and backward as two kernels (dQ with Delta, then dK/dV).
 
 Layout. Every tensor is viewed as (Z, H, N, D) with its own four strides, so 3D and 4D inputs
 and non-contiguous views (a transposed head axis, a slice) are read in place, without a copy.
@@ -7,8 +7,10 @@ in an order chosen per call: see _program_ids and _tile_major):
 
   forward   cdiv(n_q, BLOCK_M) tiles: a query tile loops over key tiles with an online
             softmax in base 2 (scores scaled by 1/sqrt(d) * log2(e), so exp becomes exp2).
-  dK, dV    cdiv(n_k, BLOCK_N) tiles: a key tile loops over query tiles.
-  dQ        cdiv(n_q, BLOCK_M) tiles: a query tile loops over key tiles.
+  dQ        cdiv(n_q, BLOCK_M) tiles: a query tile first writes its rows' Delta = rowsum(O * dO),
+            then loops over key tiles.
+  dK, dV    cdiv(n_k, BLOCK_N) tiles, launched after dQ: a key tile loops over query tiles,
+            reading the Delta the dQ programs wrote.
 
 No atomics: each program writes only its own rows. The one tensor saved for backward besides
 the inputs and O is L = logsumexp of the scaled scores (natural log, fp32, shaped q.shape[:-1]).
@@ -169,28 +171,6 @@ def _fwd_kernel(Q, K, V, O, L,
 # backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_preprocess(O, DO, Delta,
-                    stride_oz, stride_oh, stride_om, stride_od,
-                    stride_dz, stride_dh, stride_dm, stride_dd,
-                    H, n_q,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Delta_i = rowsum(O_i * dO_i) in fp32 (equals rowsum(P * dP), used by both gradient kernels)."""
-    pid_zh = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    z = pid_zh // H
-    h = pid_zh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(DO + z.to(tl.int64) * stride_dz + h.to(tl.int64) * stride_dh
-                 + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
-
-
-@triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
                     stride_qm, stride_qd, stride_dom, stride_dod,
                     offs_n, offs_d, n_q, lo, hi, qk_scale,
@@ -337,10 +317,11 @@ def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
+def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
                    stride_qz, stride_qh, stride_qm, stride_qd,
                    stride_kz, stride_kh, stride_kn, stride_kd,
                    stride_vz, stride_vh, stride_vn, stride_vd,
+                   stride_oz, stride_oh, stride_om, stride_od,
                    stride_doz, stride_doh, stride_dom, stride_dod,
                    stride_dqz, stride_dqh, stride_dqm, stride_dqd,
                    H, n_q, n_k, sm_scale, qk_scale, seq_bucket,
@@ -361,19 +342,26 @@ def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
         + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     do_ptrs = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh \
         + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+    o_ptrs = O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh \
+        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     if EVEN_M & EVEN_D:
         q = tl.load(q_ptrs)
         do = tl.load(do_ptrs)
+        o = tl.load(o_ptrs)
     else:
         row_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
         q = tl.load(q_ptrs, mask=row_mask, other=0.0)
         do = tl.load(do_ptrs, mask=row_mask, other=0.0)
+        o = tl.load(o_ptrs, mask=row_mask, other=0.0)
+    # Delta_i = rowsum(O_i * dO_i) (equals rowsum(P_i * dP_i)): this program's rows are the only ones it
+    # needs, and the dK/dV kernel, launched after this one, reads all of them from global memory.
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     if EVEN_M:
         lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m)
-        delta = tl.load(Delta + pid_zh.to(tl.int64) * n_q + offs_m)
+        tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta)
     else:
         lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
-        delta = tl.load(Delta + pid_zh.to(tl.int64) * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+        tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
     lse2 = lse * 1.4426950408889634
     k_base = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh
     v_base = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh
@@ -595,7 +583,7 @@ DEFAULT_OPTIONS = LaunchOptions()
 _SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
 _TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned}
 _HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq}
-_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel, "pre": _bwd_preprocess}
+_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel}
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -718,23 +706,18 @@ def _constexprs(is_causal: bool, head_dim: int, precision: str, tile_major: bool
 
 def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: torch.Tensor,
             head_dim: int, options: LaunchOptions, want_plan: bool):
-    """Launch kernel `which` (fwd, dkdv, dq or pre) through Triton with runtime `args` in signature order,
+    """Launch kernel `which` (fwd, dkdv or dq) through Triton with runtime `args` in signature order,
     picking the config (pinned, autotuned or first fitting). Returns a plan for later calls of the same
     signature when `want_plan` (None if none can be made)."""
-    jit_fn, config = _JIT[which], None
-    if which == "pre":
-        kernel, fixed = jit_fn, {}
-    else:
-        kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
+    kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
     compiled = kernel[grid](*args, **constexprs, **fixed)
-    if which != "pre":
-        tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
-        if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this signature
-            return None
-        config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
+    tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
+    if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this signature
+        return None
+    config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
     if not want_plan:
         return None
-    return _kernel_plan(jit_fn, compiled, args, n_tensors, constexprs, config, grid, q.get_device())
+    return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, config, grid, q.get_device())
 
 
 def clear_launch_plans() -> None:
@@ -800,7 +783,9 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the three backward kernels (Delta, dK/dV, dQ). Returns (dQ, dK, dV) shaped and typed like q, k, v.
+    """Run the two backward kernels (dQ, which also writes Delta, then dK/dV).
+
+    Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
     `lse` is the forward's L (contiguous, fp32, q.shape[:-1]).
     """
@@ -827,22 +812,19 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
 
+    # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
-    pre_block = 64  # Delta is one pass over O and dO: bandwidth-bound, any tile that fills the GPU
-    pre = _launch("pre", (o4, do4, delta, *_strides(o4), *_strides(do4), H, n_q), 3,
-                  (Z * H, triton.cdiv(n_q, pre_block)), dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=pre_block),
-                  q, d, options, want_plan)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     constexprs = _constexprs(is_causal, d, precision, tile_major)
+    dq_ = _launch("dq",
+                  (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
+                   *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
+                  _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
     dkdv = _launch("dkdv",
                    (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
                     *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
                    _grid(n_k, "BLOCK_N", Z * H, tile_major), constexprs, q, d, options, want_plan)
-    dq_ = _launch("dq",
-                  (q4, k4, v4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
-                   *_strides(do4), *_strides(dq4), *common), 7,
-                  _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
-    if pre is not None and dkdv is not None and dq_ is not None:
+    if dkdv is not None and dq_ is not None:
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 
         def plan(q, k, v, o, lse, do):
@@ -850,11 +832,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dk = torch.empty(shapes[1], dtype=dtype, device=device)
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
             delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
-            pre(o, do, delta)
+            dq_(q, k, v, o, do, lse, delta, dq)
             dkdv(q, k, v, do, lse, delta, dk, dv)
-            dq_(q, k, v, do, lse, delta, dq)
             return dq, dk, dv
-        plan.kernels = (pre, dkdv, dq_)
+        plan.kernels = (dq_, dkdv)
         _remember(key, plan)
     return dq, dk, dv
 

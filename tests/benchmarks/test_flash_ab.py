@@ -1,9 +1,10 @@
 """The A/B benchmark loads another flash_triton.py by path and names what is wrong with a bad one."""
+import argparse
 from pathlib import Path
 
 import pytest
 
-from benchmarks.flash_ab import load_module
+from benchmarks.flash_ab import _call, load_module, parse_shape
 
 
 def test_loads_a_flash_module_from_a_path():
@@ -22,3 +23,33 @@ def test_a_file_without_the_kernels_is_refused(tmp_path):
     other.write_text("x = 1\n")
     with pytest.raises(AttributeError, match="flash_attention_forward"):
         load_module(other)
+
+
+def test_shapes_parse_and_bad_ones_are_named():
+    assert parse_shape("16,16384,64,causal") == ((16, 16384, 64), True)
+    assert parse_shape("8, 16, 2048, 128") == ((8, 16, 2048, 128), False)
+    for bad in ("16,16384", "16,x,64", "1,2,3,4,5", "16,0,64", "causal"):
+        with pytest.raises(argparse.ArgumentTypeError, match="want 3 or 4 positive sizes"):
+            parse_shape(bad)
+
+
+def test_the_backward_pass_compares_each_versions_gradients_on_its_own_forward():
+    """--pass bwd times flash_attention_backward on the version's own (O, L); CPU interpreter, one tiny shape."""
+    import os
+
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernels in Triton's CPU interpreter")
+    from kernels import flash_triton
+
+    q, k, v, do = (torch.randn(1, 2, 40, 16) for _ in range(4))
+    out, lse = flash_triton.flash_attention_forward(q, k, v, True)
+    dq, dk, dv = _call(flash_triton, "bwd", q, k, v, do, True, out, lse)()
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = torch.softmax((qr @ kr.transpose(-1, -2) / 4).masked_fill(torch.ones(40, 40).triu(1).bool(), -1e9), -1) @ vr
+    ref.backward(do)
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    (o2, _l2) = _call(flash_triton, "fwd", q, k, v, do, True, out, lse)()
+    torch.testing.assert_close(o2, out)
