@@ -14,6 +14,10 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 # fp32 on a GPU runs the dot products in TF32 (10-bit mantissa) by default: ~1e-3 relative error
 TOL = {torch.float32: 5e-3 if HAS_CUDA else 2e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 ROW_TOL = 4  # a single row's error may exceed the whole tensor's by this factor (rounding noise)
+# The RMS per element that an all-zero reference (dQ with a single key) is judged against. On a GPU,
+# fp32 dot products run in TF32: dS = P * (dO V^T - Delta) cancels to ~1e-4 instead of 0, because
+# dO V^T is rounded to TF32 and Delta (a plain fp32 row sum) is not.
+ZERO_REF_RMS = 5e-2 if HAS_CUDA else 1e-3
 
 
 def _inputs(shape_q, shape_k, scale=1.0, seed=0):
@@ -34,7 +38,7 @@ def _reference(q, k, v, do, causal):
 
 def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     # the floor keeps an all-zero reference (dQ with a single key) from dividing by zero
-    floor = 1e-3 * ref.numel() ** 0.5
+    floor = ZERO_REF_RMS * ref.numel() ** 0.5
     return ((x.double().cpu() - ref).norm() / max(ref.norm().item(), floor)).item()
 
 
@@ -49,7 +53,7 @@ def _worst_row_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """
     diff = (x.double().cpu() - ref).flatten(0, -2).norm(dim=-1)
     ref_rows = ref.flatten(0, -2).norm(dim=-1)
-    floor = max(0.5 * ref_rows.pow(2).mean().sqrt().item(), 1e-3 * ref.shape[-1] ** 0.5)
+    floor = max(0.5 * ref_rows.pow(2).mean().sqrt().item(), ZERO_REF_RMS * ref.shape[-1] ** 0.5)
     return (diff / ref_rows.clamp_min(floor)).max().item()
 
 
@@ -65,14 +69,15 @@ def _run(impl, q, k, v, do, causal, dtype, prep=None):
 
 
 class with_options:  # noqa: N801 (stands where an autograd Function class is passed)
-    """FlashAttentionTriton with launch options: `.apply(q, k, v, causal)` like the Function itself."""
+    """FlashAttentionTriton with launch options or an fp32 precision: `.apply(q, k, v, causal)` like the
+    Function itself."""
 
-    def __init__(self, options):
-        self.options = options
-        self.__name__ = f"FlashAttentionTriton({options})"
+    def __init__(self, options=None, precision="tf32"):
+        self.options, self.precision = options, precision
+        self.__name__ = f"FlashAttentionTriton({options}, {precision})"
 
     def apply(self, q, k, v, is_causal=False):
-        return FlashAttentionTriton.apply(q, k, v, is_causal, "tf32", self.options)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, self.precision, self.options)
 
 
 def _check(impl, shape_q, shape_k, causal, dtype, scale=1.0, prep=None):
@@ -122,10 +127,11 @@ def test_non_contiguous_4d(impl):
     assert not args[0].is_contiguous()
     out = impl.apply(*args, True)
     out.backward(do.to(DEVICE, torch.float32))
-    assert _rel_err(out.detach(), ref[0]) < 2e-4
-    assert _rel_err(qi.grad.transpose(1, 2), ref[2]) < 4e-4
-    assert _rel_err(ki.grad.transpose(1, 2), ref[3]) < 4e-4
-    assert _rel_err(vi.grad.transpose(1, 2), ref[4]) < 4e-4
+    tol = TOL[torch.float32]
+    assert _rel_err(out.detach(), ref[0]) < tol
+    assert _rel_err(qi.grad.transpose(1, 2), ref[2]) < 2 * tol
+    assert _rel_err(ki.grad.transpose(1, 2), ref[3]) < 2 * tol
+    assert _rel_err(vi.grad.transpose(1, 2), ref[4]) < 2 * tol
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
@@ -136,7 +142,11 @@ def test_five_dims_and_2d(impl):
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda c: c.__name__)
 def test_large_magnitude_is_stable(impl):
-    # scores of order 1e3: a softmax without the running max would overflow exp()
+    # scores of order 1e3: a softmax without the running max would overflow exp(). On a GPU the Triton
+    # kernel runs its fp32 dots in full fp32 here: TF32's rounding of scores this large is a precision
+    # question (test_gpu_fp32_* cover it), not the stability one this test asks.
+    if impl is FlashAttentionTriton and HAS_CUDA:
+        impl = with_options(precision="ieee")
     _check(impl, (1, 50, 32), (1, 50, 32), True, torch.float32, scale=8.0)
 
 
