@@ -15,8 +15,8 @@ whose error is within 10x of SDPA efficient's on the same shape.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -134,10 +134,12 @@ def goals(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
-    if not paths:
-        print("usage: python -m benchmarks.summarize_attention FILE.jsonl [FILE.jsonl ...]", file=sys.stderr)
-        return 2
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", type=Path, metavar="FILE.jsonl", help="attention results (benchlab run --out)")
+    paths = ap.parse_args(argv).paths
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        ap.error(f"no such file: {', '.join(missing)}")
     rows = []
     for path in paths:
         env, part = load(path)

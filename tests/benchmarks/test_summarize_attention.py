@@ -52,3 +52,15 @@ def test_tables_name_each_precision_and_show_errors():
 
 def test_no_rows_no_claims():
     assert goals([]) == []
+
+
+def test_a_missing_file_is_named_and_nothing_is_printed(tmp_path, capsys):
+    import pytest
+
+    from benchmarks.summarize_attention import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "absent.jsonl")])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "absent.jsonl" in err
