@@ -2,7 +2,10 @@
 
 Host time: the wall clock of N calls issued back to back with no synchronisation, divided by N, while
 a sleep kernel holds the GPU, so it is what Python and the launches cost the CPU per call and never
-the GPU's pace (see host_us).
+the GPU's pace (see host_us). A shared host's noise comes in bursts that move a sample by tens of
+percent, so the samples are short and taken in turns across implementations (interleaved_samples),
+and each cell reports the median, the 10th percentile and the ratio to SDPA flash with a bootstrap
+interval (host_summary).
 GPU time: CUDA events around the same call (worker.harness.measure). When host time exceeds GPU
 time the call is host-bound: the GPU idles between kernels. SDPA's backends are measured beside
 the kernel, alternating implementation per round in one process; with --baseline another
@@ -73,7 +76,41 @@ def implementations(baseline):
     return impls
 
 
-def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int) -> dict:
+def interleaved_samples(fns: dict, samples: int, calls: int, timer=None) -> dict[str, list[float]]:
+    """`samples` host-time samples of each callable, taken in turns (A B C, B C A, C A B, ...): the host's
+    bursts of noise (other tenants, frequency changes) then fall on every implementation alike instead
+    of on whichever one a round happened to time during a burst. `timer(fn, calls)` defaults to host_us."""
+    timer = timer or host_us
+    names = list(fns)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(samples):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            out[name].append(timer(fns[name], calls))
+    return out
+
+
+def host_summary(samples: dict[str, list[float]], reference: str) -> dict[str, dict]:
+    """Per implementation: median, 10th percentile (the floor a call reaches when the host is quiet) and
+    the number of samples kept; beside `reference`, the ratio of medians with a 95 % bootstrap interval."""
+    import numpy as np
+
+    from worker.stats import ratio_interval
+
+    kept = {name: [x for x in xs if x == x] for name, xs in samples.items()}
+    out = {}
+    for name, xs in kept.items():
+        row = {"median": median_kept(xs), "p10": float(np.percentile(xs, 10)) if xs else float("nan"),
+               "kept": len(xs)}
+        if name != reference and xs and kept.get(reference):
+            ratio, lo, hi = ratio_interval(kept[reference], xs)
+            row[f"vs_{reference}"] = {"ratio": ratio, "low": lo, "high": hi}
+        out[name] = row
+    return out
+
+
+def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int, samples: int) -> dict:
+    """Host time (interleaved samples) and GPU time (CUDA events, rounds alternated) of each implementation
+    on one shape; an implementation that cannot run the shape is recorded with its error."""
     import torch
 
     from worker.harness import measure
@@ -81,37 +118,46 @@ def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int) ->
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
                for _ in range(3))
+
+    def clear():
+        q.grad = k.grad = v.grad = None
+
     cell = {"shape": list(shape), "causal": causal, "calls": calls, "impls": {}}
-    for name in impls:
+    passes: dict[str, dict] = {"fwd": {}, "fwd_bwd": {}}
+    for name, fn in impls.items():
+        def fwd(fn=fn):
+            with torch.no_grad():
+                fn(q, k, v, causal)
+
+        def fwd_bwd(fn=fn):
+            fn(q, k, v, causal).sum().backward()
+
+        try:
+            fwd(), fwd_bwd(), clear()  # compile / autotune / plan before anything is timed
+        except RuntimeError as exc:  # a backend that cannot run this shape
+            cell["impls"][name] = {"error": str(exc).splitlines()[0]}
+            continue
+        passes["fwd"][name], passes["fwd_bwd"][name] = fwd, fwd_bwd
         cell["impls"][name] = {"fwd_host_us": [], "fwd_bwd_host_us": [], "fwd_gpu_ms": [], "fwd_bwd_gpu_ms": []}
+    for pass_, fns in passes.items():
+        for name, xs in interleaved_samples(fns, samples, calls).items():
+            cell["impls"][name][f"{pass_}_host_us"] = xs
+        clear()
     for _ in range(rounds):
-        for name, fn in impls.items():
-            def fwd(fn=fn):
-                with torch.no_grad():
-                    fn(q, k, v, causal)
-
-            def fwd_bwd(fn=fn):
-                fn(q, k, v, causal).sum().backward()
-
-            def clear():
-                q.grad = k.grad = v.grad = None
-
-            try:
-                fwd(), fwd_bwd(), clear()  # compile / autotune / plan before anything is timed
-                row = cell["impls"][name]
-                row["fwd_host_us"].append(host_us(fwd, calls))
-                row["fwd_bwd_host_us"].append(host_us(fwd_bwd, calls))
-                clear()
-                row["fwd_gpu_ms"].append(measure(fwd, warmup=3, repeats=repeats, device="cuda").median_ms)
-                row["fwd_bwd_gpu_ms"].append(measure(fwd_bwd, warmup=3, repeats=repeats, device="cuda",
-                                                     setup=clear).median_ms)
-            except RuntimeError as exc:  # a backend that cannot run this shape
-                cell["impls"][name] = {"error": str(exc).splitlines()[0]}
-    for row in cell["impls"].values():
-        if "error" not in row:
-            for metric in list(row):
-                row[f"{metric}_median"] = median_kept(row[metric])
-            row["host_bound_fwd_bwd"] = row["fwd_bwd_host_us_median"] / 1e3 > row["fwd_bwd_gpu_ms_median"]
+        for name in passes["fwd"]:
+            row = cell["impls"][name]
+            row["fwd_gpu_ms"].append(measure(passes["fwd"][name], warmup=3, repeats=repeats, device="cuda").median_ms)
+            row["fwd_bwd_gpu_ms"].append(measure(passes["fwd_bwd"][name], warmup=3, repeats=repeats, device="cuda",
+                                                 setup=clear).median_ms)
+    reference = "sdpa_flash" if "sdpa_flash" in passes["fwd"] else None
+    for pass_ in passes:
+        samples_of = {name: cell["impls"][name][f"{pass_}_host_us"] for name in passes[pass_]}
+        cell[f"{pass_}_host"] = host_summary(samples_of, reference) if reference else {}
+    for name in passes["fwd"]:
+        row = cell["impls"][name]
+        for metric in list(row):
+            row[f"{metric}_median"] = median_kept(row[metric])
+        row["host_bound_fwd_bwd"] = row["fwd_bwd_host_us_median"] / 1e3 > row["fwd_bwd_gpu_ms_median"]
     return cell
 
 
@@ -229,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--baseline", type=Path, default=None, help="another flash_triton.py to alternate with")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--calls", type=int, default=50, help="calls per host-time sample")
+    ap.add_argument("--calls", type=int, default=20, help="calls per host-time sample")
+    ap.add_argument("--samples", type=int, default=15,
+                    help="host-time samples per implementation and pass, taken in turns across implementations")
     ap.add_argument("--repeats", type=int, default=30, help="CUDA-event samples per GPU-time measurement")
     ap.add_argument("--leaderboard", action="store_true")
     ap.add_argument("--leaderboard-rep-ms", type=int, default=2000)
@@ -251,14 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     baseline = load_module(args.baseline) if args.baseline else None
     impls = implementations(baseline)
-    report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds, "cells": []}
+    report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds,
+              "samples": args.samples, "calls": args.calls, "cells": []}
     for shape, causal in SHAPES:
-        cell = measure_cell(impls, shape, causal, args.rounds, args.calls, args.repeats)
+        cell = measure_cell(impls, shape, causal, args.rounds, args.calls, args.repeats, args.samples)
         report["cells"].append(cell)
         brief = {n: (r.get("fwd_host_us_median"), r.get("fwd_bwd_host_us_median"), r.get("fwd_bwd_gpu_ms_median"))
                  for n, r in cell["impls"].items()}
-        print(json.dumps({"shape": shape, "causal": causal, "fwd_us/fwd_bwd_us/fwd_bwd_gpu_ms": brief}),
-              file=sys.stderr, flush=True)
+        ratios = {n: r.get("vs_sdpa_flash", {}).get("ratio") for n, r in cell.get("fwd_bwd_host", {}).items()}
+        print(json.dumps({"shape": shape, "causal": causal, "fwd_us/fwd_bwd_us/fwd_bwd_gpu_ms": brief,
+                          "fwd_bwd_host_vs_sdpa_flash": ratios}), file=sys.stderr, flush=True)
     if args.leaderboard:
         report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms)
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)

@@ -1,0 +1,44 @@
+"""The host-time benchmark's sampling and summary (the timing itself needs a GPU)."""
+import math
+
+from benchmarks.flash_host_time import host_summary, interleaved_samples
+
+
+def test_samples_are_taken_in_turns_with_a_rotating_first():
+    order = []
+
+    def timer(fn, calls):
+        order.append(fn)
+        return float(calls)
+
+    got = interleaved_samples({"a": "A", "b": "B", "c": "C"}, samples=4, calls=7, timer=timer)
+    assert "".join(order) == "ABC" "BCA" "CAB" "ABC"
+    assert got == {"a": [7.0] * 4, "b": [7.0] * 4, "c": [7.0] * 4}
+
+
+def test_a_burst_falls_on_every_implementation_alike():
+    # the host is slow for the 4th to 6th timings of the run: with turns, each implementation gets one
+    clock = iter(range(100))
+
+    def timer(fn, calls):
+        return 300.0 if 3 <= next(clock) < 6 else (100.0 if fn == "A" else 200.0)
+
+    got = interleaved_samples({"a": "A", "b": "B", "c": "C"}, samples=5, calls=1, timer=timer)
+    assert [xs.count(300.0) for xs in got.values()] == [1, 1, 1]
+
+
+def test_summary_drops_nan_samples_and_reports_the_ratio_to_the_reference():
+    samples = {"sdpa_flash": [100.0, 110.0, 90.0, 105.0, 95.0],
+               "flash_triton": [150.0, 165.0, float("nan"), 135.0, 157.5, 142.5]}
+    out = host_summary(samples, "sdpa_flash")
+    assert out["flash_triton"]["kept"] == 5 and out["sdpa_flash"]["kept"] == 5
+    assert out["sdpa_flash"]["median"] == 100.0 and "vs_sdpa_flash" not in out["sdpa_flash"]
+    vs = out["flash_triton"]["vs_sdpa_flash"]
+    assert math.isclose(vs["ratio"], 1.5) and vs["low"] <= 1.5 <= vs["high"]
+    assert out["flash_triton"]["p10"] < out["flash_triton"]["median"]
+
+
+def test_an_implementation_with_no_kept_samples_has_no_ratio():
+    out = host_summary({"sdpa_flash": [100.0, 101.0], "flash_triton": [float("nan")]}, "sdpa_flash")
+    assert out["flash_triton"]["kept"] == 0 and math.isnan(out["flash_triton"]["median"])
+    assert "vs_sdpa_flash" not in out["flash_triton"]
