@@ -10,7 +10,7 @@ def test_iterations_split_at_flush_and_idle_is_counted():
     trace = {"traceEvents": [
         _k("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", 0, 50),
         _k("_fwd_kernel", 60, 100),          # 10 us idle after the flush
-        _k("_bwd_preprocess", 170, 5),       # 10 us idle
+        _k("_bwd_dq_kernel", 170, 5),        # 10 us idle
         _k("_bwd_dkdv_kernel", 175, 200),    # back to back
         _k("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", 400, 50),
         _k("_fwd_kernel", 450, 100),         # no idle
@@ -21,7 +21,7 @@ def test_iterations_split_at_flush_and_idle_is_counted():
     ]}
     out = timeline(trace, iters=5)
     first, second = out["iterations"]
-    assert [k["name"] for k in first["kernels"]] == ["_fwd_kernel", "_bwd_preprocess", "_bwd_dkdv_kernel"]
+    assert [k["name"] for k in first["kernels"]] == ["_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel"]
     assert first["idle_us"] == 20.0 and first["kernel_us"] == 305.0 and first["span_us"] == 325.0
     assert first["kernels"][0]["start_us"] == 10.0
     assert second["idle_us"] == 0.0 and second["span_us"] == 100.0
