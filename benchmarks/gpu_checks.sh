@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of a change, on a host with torch in its own environment and no network: install
-# benchlab from a wheelhouse, then run the stages named (all three when none is):
-#   kernels      every kernel test (on a GPU host the unmarked ones run on CUDA too, e.g. torch.compile
-#                of the flash apply under inductor); cold Triton and inductor caches make this the
-#                longest stage, up to about 8 minutes on an H200
+# benchlab from a wheelhouse, then run the stages named (all four when none is):
+#   kernels      the kernels' GPU tests (`-m gpu`): every shape class, ragged tiles row by row, plan
+#                replay, CUDA graphs, inductor; about 4 minutes on an H200 with cold caches
+#   kernels-cuda the kernel tests written for the CPU, run on CUDA (a GPU host does not turn the
+#                interpreter on, so they meet TF32 and real launches); about 4 minutes cold
 #   suites       the suites' GPU tests, then the distributed suites through `benchlab run` on one GPU:
 #                one-rank ddp and allreduce cells, which exercise the CUDA-event timing and the
 #                profiler's kernel accounting
@@ -15,7 +16,7 @@
 set -u
 out=${1:?output folder}; wh=${2:?wheelhouse}; py=${3:-$(command -v python3)}
 shift $(( $# < 3 ? $# : 3 ))
-stages=${*:-kernels suites leaderboard}
+stages=${*:-kernels kernels-cuda suites leaderboard}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
@@ -23,8 +24,12 @@ PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/in
 for stage in $stages; do
   case $stage in
     kernels)
-      timeout 540 "$py" -m pytest -q -p no:cacheprovider --durations=10 tests/kernels > "$out/gpu_tests_kernels.log" 2>&1
-      echo "kernel tests rc=$?"; tail -n 3 "$out/gpu_tests_kernels.log" ;;
+      timeout 540 "$py" -m pytest -q -m gpu -p no:cacheprovider --durations=10 tests/kernels > "$out/gpu_tests_kernels.log" 2>&1
+      echo "kernel gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_kernels.log" ;;
+    kernels-cuda)
+      timeout 540 "$py" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=10 tests/kernels \
+        > "$out/gpu_tests_kernels_cuda.log" 2>&1
+      echo "kernel tests on cuda rc=$?"; tail -n 3 "$out/gpu_tests_kernels_cuda.log" ;;
     suites)
       timeout 120 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker/test_suites.py > "$out/gpu_tests_suites.log" 2>&1
       echo "suite gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_suites.log"
@@ -38,6 +43,6 @@ for stage in $stages; do
       timeout 400 "$py" -m backend.cli run leaderboard --out "$out/leaderboard_1gpu.jsonl" --timeout-s 190 -p device=cuda \
         -p world_size=1 -p scale=0.25 -p sharding=fsdp,zero1 -p steps=3 > "$out/leaderboard_1gpu.log" 2>&1
       echo "leaderboard rc=$?"; tail -n 6 "$out/leaderboard_1gpu.log" ;;
-    *) echo "unknown stage $stage (kernels, suites, leaderboard)"; exit 2 ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard)"; exit 2 ;;
   esac
 done
