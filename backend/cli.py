@@ -542,23 +542,36 @@ def _confirm(client, result: dict, body: dict, base_id: int, sid: int, threshold
     return result
 
 
+def _database_session():
+    """A session on the configured database, its schema prepared (migrated when settings allow)."""
+    from backend.db import make_engine, prepare_schema, session
+    from backend.settings import get_settings
+
+    settings = get_settings()
+    engine = make_engine(settings)
+    prepare_schema(engine, settings.auto_migrate)
+    return session(engine)
+
+
+def _read_json_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file; a line that is not JSON ends the command with exit code 2."""
+    try:
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    except json.JSONDecodeError as exc:
+        console.print(f"[red]{path} is not JSON lines:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
 @app.command("import")
 def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
             name: Optional[str] = typer.Option(None)) -> None:
     """Load a `benchlab run --out` file into the database, with its fingerprints and artifacts."""
-    from backend.db import make_engine, prepare_schema, session
     from backend.service import import_results
     from backend.settings import get_settings
 
-    try:
-        lines = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    except json.JSONDecodeError as exc:
-        console.print(f"[red]{path} is not JSON lines:[/] {exc}")
-        raise typer.Exit(2) from None
+    lines = _read_json_lines(path)
     settings = get_settings()
-    engine = make_engine(settings)
-    prepare_schema(engine, settings.auto_migrate)
-    with session(engine) as db:
+    with _database_session() as db:
         try:
             sweep = import_results(db, lines, name, source_dir=path.parent, artifact_root=settings.artifact_root)
         except (ValueError, KeyError) as exc:
@@ -603,23 +616,13 @@ token_app = typer.Typer(help="Named API tokens (read / write / admin), in the AP
 app.add_typer(token_app, name="token")
 
 
-def _token_db():
-    from backend.db import make_engine, prepare_schema, session
-    from backend.settings import get_settings
-
-    settings = get_settings()
-    engine = make_engine(settings)
-    prepare_schema(engine, settings.auto_migrate)
-    return session(engine)
-
-
 @token_app.command("create")
 def token_create(name: str = typer.Option(..., help="what the token is for, e.g. ci"),
                  scope: str = typer.Option("write", help="read | write | admin")) -> None:
     """Create a token and print its secret (shown this once; only its hash is kept)."""
     from backend import tokens
 
-    with _token_db() as db:
+    with _database_session() as db:
         try:
             row, secret = tokens.create(db, name, scope)
         except tokens.TokenError as exc:
@@ -634,7 +637,7 @@ def token_list() -> None:
     """Tokens with scope, created, last used and revoked times (never their secrets)."""
     from backend import tokens
 
-    with _token_db() as db:
+    with _database_session() as db:
         rows = [{k: v for k, v in r.model_dump().items() if k != "token_hash"} for r in tokens.list_tokens(db)]
     out.print(json.dumps(rows, indent=1))
 
@@ -644,7 +647,7 @@ def token_revoke(name: str = typer.Argument(...)) -> None:
     """Revoke a token: it stops working at once."""
     from backend import tokens
 
-    with _token_db() as db:
+    with _database_session() as db:
         try:
             tokens.revoke(db, name)
         except tokens.TokenError as exc:
@@ -686,22 +689,18 @@ def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to writ
               sweep: list[int] = typer.Option([], "--sweep", help="only these sweep ids (repeatable)")) -> None:
     """Write sweeps with their jobs, results and fingerprints as JSON lines (backup, or another server)."""
     from backend.backup import dumps_line, export_lines
-    from backend.db import head_revision, make_engine, prepare_schema, session
-    from backend.settings import get_settings
+    from backend.db import head_revision
 
-    settings = get_settings()
-    engine = make_engine(settings)
-    prepare_schema(engine, settings.auto_migrate)
     n = 0
-    fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
-    try:
-        with session(engine) as db:
+    with _database_session() as db:  # the database first: a file is written only once it can be read
+        fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
+        try:
             for row in export_lines(db, head_revision(), sweep or None):
                 fh.write(dumps_line(row) + "\n")
                 n += row["kind"] == "sweep"
-    finally:
-        if fh is not sys.stdout:
-            fh.close()
+        finally:
+            if fh is not sys.stdout:
+                fh.close()
     console.print(f"exported {n} sweep(s) to {out_path}")
 
 
@@ -709,18 +708,9 @@ def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to writ
 def db_import(in_path: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
     """Load a `benchlab db export` file; sweeps already present (same uid) are skipped."""
     from backend.backup import import_lines
-    from backend.db import make_engine, prepare_schema, session
-    from backend.settings import get_settings
 
-    try:
-        lines = [json.loads(ln) for ln in in_path.read_text().splitlines() if ln.strip()]
-    except json.JSONDecodeError as exc:
-        console.print(f"[red]{in_path} is not JSON lines:[/] {exc}")
-        raise typer.Exit(2) from None
-    settings = get_settings()
-    engine = make_engine(settings)
-    prepare_schema(engine, settings.auto_migrate)
-    with session(engine) as db:
+    lines = _read_json_lines(in_path)
+    with _database_session() as db:
         try:
             counts = import_lines(db, lines)
         except ValueError as exc:
