@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--impls", default="flash_triton,sdpa", help="two attention implementations, A,B")
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: the model suite's)")
+    ap.add_argument("--context-length", type=int, default=None, help="tokens per sequence (default: the suite's)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per round")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
@@ -51,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda needs a CUDA GPU")
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8)
+    shape = {k: v for k, v in (("batch", args.batch), ("context_length", args.context_length)) if v is not None}
     p = Params(size=args.size, precision=args.precision, compile=args.compile, attention=impls[0], scope="step",
-               device=args.device)
+               device=args.device, **shape)
     ctx = _Stderr()
     cell = build(p, args.device, ctx)  # a cold xl model under --compile: minutes before the first round
     for name in impls:  # compile, autotune and plan each before anything is timed
@@ -61,22 +64,31 @@ def main(argv: list[str] | None = None) -> int:
             ctx.progress(f"warming {name}: step {i + 1} of 3" + (" (compiles first)" if args.compile else ""))
             cell.step()
     samples: dict[str, list[float]] = {name: [] for name in impls}
+    env = fingerprint(args.commit)
     for r in range(args.rounds):
         order = impls if r % 2 == 0 else impls[::-1]
         for name in order:
             cell.model.set_attention(name)
             samples[name] += measure(cell.step, warmup=1, repeats=args.steps, device=args.device).samples_ms
         print(json.dumps({"round": r, **{n: samples[n][-args.steps:] for n in impls}}), file=sys.stderr, flush=True)
-    ratio, lo, hi = ratio_interval(samples[impls[0]], samples[impls[1]])
-    report = {"kind": "model_attention_ab", **fingerprint(args.commit), "params": p.model_dump(),
-              "impls": impls, "samples_ms": samples,
-              "median_ms": {n: statistics.median(xs) for n, xs in samples.items()},
-              "ratio_b_over_a": {"median": ratio, "low": lo, "high": hi, "level": 0.95}}
+        # written after every round, so a run stopped by a time limit keeps the rounds it finished
+        report = make_report(env, p.model_dump(), impls, samples, rounds_done=r + 1, ratio_interval=ratio_interval)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.replace(args.out)
     print(json.dumps({"median_ms": report["median_ms"], "ratio_b_over_a": report["ratio_b_over_a"]}),
           file=sys.stderr, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def make_report(env: dict, params: dict, impls: list[str], samples: dict[str, list[float]], rounds_done: int,
+                ratio_interval) -> dict:
+    """The report as it stands after `rounds_done` rounds: every sample, the medians and B / A's interval."""
+    ratio, lo, hi = ratio_interval(samples[impls[0]], samples[impls[1]])
+    return {"kind": "model_attention_ab", **env, "params": params, "impls": impls, "rounds_done": rounds_done,
+            "samples_ms": samples, "median_ms": {n: statistics.median(xs) for n, xs in samples.items()},
+            "ratio_b_over_a": {"median": ratio, "low": lo, "high": hi, "level": 0.95}}
 
 
 if __name__ == "__main__":
