@@ -71,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     base = load_module(args.baseline)
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": args.label or args.baseline.name,
               "pass": args.which, "rounds": args.rounds, "cells": []}
+    versions = {"current": current, "baseline": base}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-        versions = {"current": current, "baseline": base}
         saved = {label: mod.flash_attention_forward(q, k, v, causal) for label, mod in versions.items()}
         calls = {label: _call(mod, args.which, q, k, v, do, causal, *saved[label]) for label, mod in versions.items()}
-        ms = {"current": [], "baseline": []}
+        ms: dict[str, list[float]] = {label: [] for label in versions}
         for _ in range(args.rounds):
             for label in versions:
                 ms[label].append(measure(calls[label], warmup=3, repeats=args.repeats, device="cuda").median_ms)

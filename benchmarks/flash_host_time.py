@@ -59,10 +59,15 @@ def host_us(fn, calls: int) -> float:
     return float("nan") if waited else (t1 - t0) / calls * 1e6
 
 
+def kept(xs: list[float]) -> list[float]:
+    """The samples that are not nan (host_us's mark of a sample that waited for the GPU)."""
+    return [x for x in xs if x == x]
+
+
 def median_kept(xs: list[float]) -> float:
-    """Median of the samples that are not nan (host_us's mark of a sample that waited for the GPU)."""
-    kept = [x for x in xs if x == x]
-    return statistics.median(kept) if kept else float("nan")
+    """Median of the kept samples (nan when none is)."""
+    xs = kept(xs)
+    return statistics.median(xs) if xs else float("nan")
 
 
 def implementations(baseline):
@@ -96,13 +101,13 @@ def host_summary(samples: dict[str, list[float]], reference: str) -> dict[str, d
 
     from worker.stats import ratio_interval
 
-    kept = {name: [x for x in xs if x == x] for name, xs in samples.items()}
+    good = {name: kept(xs) for name, xs in samples.items()}
     out = {}
-    for name, xs in kept.items():
+    for name, xs in good.items():
         row = {"median": median_kept(xs), "p10": float(np.percentile(xs, 10)) if xs else float("nan"),
                "kept": len(xs)}
-        if name != reference and xs and kept.get(reference):
-            ratio, lo, hi = ratio_interval(kept[reference], xs)
+        if name != reference and xs and good.get(reference):
+            ratio, lo, hi = ratio_interval(good[reference], xs)
             row[f"vs_{reference}"] = {"ratio": ratio, "low": lo, "high": hi}
         out[name] = row
     return out
@@ -138,7 +143,7 @@ def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int, sa
             cell["impls"][name] = {"error": str(exc).splitlines()[0]}
             continue
         passes["fwd"][name], passes["fwd_bwd"][name] = fwd, fwd_bwd
-        cell["impls"][name] = {"fwd_host_us": [], "fwd_bwd_host_us": [], "fwd_gpu_ms": [], "fwd_bwd_gpu_ms": []}
+        cell["impls"][name] = {"fwd_gpu_ms": [], "fwd_bwd_gpu_ms": []}  # host samples join below
     for pass_, fns in passes.items():
         for name, xs in interleaved_samples(fns, samples, calls).items():
             cell["impls"][name][f"{pass_}_host_us"] = xs
@@ -294,9 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"kind": "flash_host_parts", **fingerprint(args.commit),
                   **parts(shape, causal, args.calls, args.rounds, args.out.with_suffix(".prof.txt"))}
         print(json.dumps(report["median_us"]), file=sys.stderr, flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-        return 0
+        return _write(args.out, report)
     baseline = load_module(args.baseline) if args.baseline else None
     impls = implementations(baseline)
     report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds,
@@ -312,8 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.leaderboard:
         report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms)
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return _write(args.out, report)
+
+
+def _write(path: Path, report: dict) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from worker.harness import fingerprint, measure
-    from worker.stats import ratio_interval
     from worker.suites.model import Params, build
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             samples[name] += measure(cell.step, warmup=1, repeats=args.steps, device=args.device).samples_ms
         print(json.dumps({"round": r, **{n: samples[n][-args.steps:] for n in impls}}), file=sys.stderr, flush=True)
         # written after every round, so a run stopped by a time limit keeps the rounds it finished
-        report = make_report(env, p.model_dump(), impls, samples, rounds_done=r + 1, ratio_interval=ratio_interval)
+        report = make_report(env, p.model_dump(), impls, samples, rounds_done=r + 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")
         tmp.write_text(json.dumps(report, indent=1) + "\n")
@@ -82,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def make_report(env: dict, params: dict, impls: list[str], samples: dict[str, list[float]], rounds_done: int,
-                ratio_interval) -> dict:
+def make_report(env: dict, params: dict, impls: list[str], samples: dict[str, list[float]], rounds_done: int) -> dict:
     """The report as it stands after `rounds_done` rounds: every sample, the medians and B / A's interval."""
+    from worker.stats import ratio_interval
+
     ratio, lo, hi = ratio_interval(samples[impls[0]], samples[impls[1]])
     return {"kind": "model_attention_ab", **env, "params": params, "impls": impls, "rounds_done": rounds_done,
             "samples_ms": samples, "median_ms": {n: statistics.median(xs) for n, xs in samples.items()},

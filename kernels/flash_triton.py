@@ -670,10 +670,10 @@ class _KernelPlan:
                       *tensors, *self.fixed)
 
 
-def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, config: triton.Config | None,
+def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, tiles: tuple[int, int],
                  grid, device: int):
-    """A plan for `compiled` (launched first with runtime `args`, the leading `n_tensors` of them tensors),
-    or None when this Triton's compiled kernel cannot be launched directly."""
+    """A plan for `compiled` (launched first with runtime `args`, the leading `n_tensors` of them tensors,
+    on (BLOCK_M, BLOCK_N) `tiles`), or None when this Triton's compiled kernel cannot be launched directly."""
     from triton import knobs
 
     if compiled is None or not hasattr(compiled, "_init_handles"):
@@ -682,10 +682,8 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     if not all(hasattr(compiled, a) for a in ("__getitem__", "run", "function", "packed_metadata")):
         return None
     named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
-    named.update(constexprs)
-    if config is not None:
-        named.update(config.kwargs)
-        named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items()})
+    named.update(constexprs, BLOCK_M=tiles[0], BLOCK_N=tiles[1])
+    named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items()})
     if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
         return None
     fixed = args[n_tensors:] + tuple(named[name] for name in jit_fn.arg_names[len(args):])
@@ -712,12 +710,9 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
     kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
     compiled = kernel[grid](*args, **constexprs, **fixed)
     tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
-    if tiles is None:  # the autotuner did not say which tiles it launched: no plan for this signature
+    if tiles is None or not want_plan:  # None: the autotuner did not say which tiles it launched
         return None
-    config = triton.Config({"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
-    if not want_plan:
-        return None
-    return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, config, grid, q.get_device())
+    return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device())
 
 
 def clear_launch_plans() -> None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from kernels.impls import IMPL_NAMES, get_attention
+from kernels.impls import get_attention
 from kernels.names import MODEL_SIZES
 
 
@@ -167,11 +167,6 @@ def parse_checkpointing(policy: str, num_layers: int) -> tuple[int, bool]:
     raise ValueError(f"checkpointing must be 'none', 'block', 'every_K' (K >= 1) or 'nested', got {policy!r}")
 
 
-def _check_attention(name: str) -> None:
-    if name not in IMPL_NAMES:
-        raise ValueError(f"unknown attention {name!r}; choose from {', '.join(IMPL_NAMES)}")
-
-
 class TransformerLM(nn.Module):
     """The CS336 reference Transformer LM. forward(token_ids (batch, seq)) -> logits (batch, seq, vocab)."""
 
@@ -179,7 +174,7 @@ class TransformerLM(nn.Module):
                  d_ff: int, rope_theta: float | None = 10000.0, attention: str = "naive",
                  checkpointing: str = "none"):
         super().__init__()
-        _check_attention(attention)
+        get_attention(attention)  # an unknown name is refused before any weight is allocated
         for name, value in (("vocab_size", vocab_size), ("context_length", context_length), ("d_model", d_model),
                             ("num_layers", num_layers), ("num_heads", num_heads), ("d_ff", d_ff)):
             if value <= 0:
@@ -201,8 +196,8 @@ class TransformerLM(nn.Module):
 
     def set_attention(self, name: str) -> None:
         """Switch every block to attention implementation `name` (same weights; under torch.compile each
-        implementation gets its own graph, since dynamo guards on the attention function)."""
-        _check_attention(name)
+        implementation gets its own graph, since dynamo guards on the attention function). An unknown
+        name is refused by the first block, before any block changes."""
         for block in self.layers:
             block.attn.set_attention(name)
 

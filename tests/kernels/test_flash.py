@@ -480,7 +480,7 @@ def test_a_kernel_plan_hands_the_compiled_launcher_new_tensors_and_the_fixed_res
 
     def make():
         return ft._kernel_plan(jit_fn, Compiled(), (q, o, 100, 96), 2, {"HEAD_DIM": 64, "BLOCK_D": 64},
-                               ft.make_config(64, 32, 4, 3), lambda meta: (triton.cdiv(100, meta["BLOCK_M"]), 3), 5)
+                               (64, 32), lambda meta: (triton.cdiv(100, meta["BLOCK_M"]), 3), 5)
     fixed = (100, 96, 64, 64, 64, 32, False, True, True)  # scalars, then constexprs with the EVEN_* rules applied
     plan = make()
     assert isinstance(plan, ft._KernelPlan)
