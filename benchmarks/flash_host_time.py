@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = {n: r.get("vs_sdpa_flash", {}).get("ratio") for n, r in cell.get("fwd_bwd_host", {}).items()}
         print(json.dumps({"shape": shape, "causal": causal, "fwd_us/fwd_bwd_us/fwd_bwd_gpu_ms": brief,
                           "fwd_bwd_host_vs_sdpa_flash": ratios}), file=sys.stderr, flush=True)
+        _write(args.out, report)  # after every cell: a run stopped by its time limit keeps what it finished
     if args.leaderboard:
         report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms)
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
