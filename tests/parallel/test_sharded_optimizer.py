@@ -10,11 +10,11 @@ import torch
 import torch.nn as nn
 
 from parallel.launch import launch
-from parallel.sharded_optimizer import ShardedOptimizer
+from parallel.sharded_optimizer import ShardedOptimizer, chunks_by_bytes
 from tests.parallel.toy import batches, loss_fn, make_model
 
 
-def _exact(rank, world, opt_cls_name):
+def _exact(rank, world, opt_cls_name, broadcast_bucket_mb=256.0):
     opt_cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adam": torch.optim.Adam}[opt_cls_name]
     kwargs = {"lr": 1e-2} | ({"weight_decay": 0.05} if opt_cls_name == "adamw" else {"momentum": 0.9}
                              if opt_cls_name == "sgd" else {})
@@ -22,7 +22,8 @@ def _exact(rank, world, opt_cls_name):
     extra_ref, extra = nn.Parameter(torch.ones(7)), nn.Parameter(torch.ones(7))
     ref_opt = opt_cls(ref.parameters(), **kwargs)
     # a generator of params, as users pass model.parameters()
-    opt = ShardedOptimizer((p for p in model.parameters()), opt_cls, **kwargs)
+    opt = ShardedOptimizer((p for p in model.parameters()), opt_cls, broadcast_bucket_mb=broadcast_bucket_mb,
+                           **kwargs)
     assert isinstance(opt, torch.optim.Optimizer)
     for step, (x, y) in enumerate(batches(5)):
         if step == 2:  # a param group added during training
@@ -55,6 +56,28 @@ def _exact(rank, world, opt_cls_name):
 @pytest.mark.parametrize("opt_name", ["adamw", "sgd", "adam"])
 def test_sharded_equals_unsharded_bitwise(opt_name):
     launch(_exact, 2, args=(opt_name,), device="cpu", timeout_s=120)
+
+
+def test_small_broadcast_chunks_stay_exact():
+    # 1 KiB chunks: the toy's weight matrices go alone and in place, its biases several to a flat buffer
+    launch(_exact, 2, args=("adamw", 1 / 1024), device="cpu", timeout_s=120)
+
+
+def test_chunks_by_bytes_keeps_order_and_cap():
+    ts = [torch.zeros(n) for n in (10, 300, 5, 5, 200, 1)]  # fp32: 40, 1200, 20, 20, 800, 4 bytes
+    chunks = chunks_by_bytes(ts, cap_bytes=1000)
+    assert [[t.numel() for t in c] for c in chunks] == [[10], [300], [5, 5, 200, 1]]
+    assert [t for c in chunks for t in c] == ts
+    assert chunks_by_bytes([], 1000) == []
+
+
+def _bad_bucket(rank, world):
+    with pytest.raises(ValueError, match="broadcast_bucket_mb must be positive, got 0"):
+        ShardedOptimizer(nn.Linear(2, 2).parameters(), torch.optim.SGD, broadcast_bucket_mb=0, lr=0.1)
+
+
+def test_broadcast_bucket_must_be_positive():
+    launch(_bad_bucket, 1, device="cpu", timeout_s=60)
 
 
 def _state_split(rank, world):
