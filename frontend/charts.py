@@ -284,7 +284,9 @@ def ddp_figures(rows: list[dict[str, Any]], model: dict[str, Any] | None = None)
         _bucket_chart(flat, "exposed_comm_ms", "exposed_comm_ci_low", "exposed_comm_ci_high",
                       "Exposed communication vs bucket size (step - same step without communication, 95 % CI)",
                       model),
-        _bucket_chart(flat, "comm_ms", None, None, "GPU time in collectives per step (slowest rank)"),
+        _bucket_chart(flat, "comm_ms", "comm_transfer_ms", "comm_ms",
+                      "GPU time in collectives per step: the rank with the most (it includes waiting for the "
+                      "others),<br>its bar down to the rank with the least (the nearest to the transfers)"),
         _memory_chart(flat, var),
     ]
     return [f for f in figs if f is not None]

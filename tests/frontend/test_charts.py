@@ -68,3 +68,17 @@ def test_leaderboard_charts_split_the_step_and_name_the_recipes_that_did_not_run
     assert "sharding=none: oom" in step["layout"]["title"]["text"]
     peak = next(t for t in memory["data"] if t["name"] == "peak in the step")
     assert peak["y"] == [50, 52, 50, 52] and len(memory["data"][0]["x"]) == 4  # two recipes x two ranks
+
+
+def test_collective_time_chart_bars_down_to_the_rank_that_waited_least():
+    rows = [ddp_row("bucketed", b, 20) for b in (1, 10)]
+    for r in rows:
+        r["metrics"]["comm_transfer_ms"] = 2.0  # comm_ms (the rank with the most) is 3.0
+    comm = next(f for f in sweep_figures("ddp", rows) if "collectives" in f["layout"]["title"]["text"])
+    bucketed = next(t for t in comm["data"] if t["name"] == "bucketed")
+    assert bucketed["y"] == [3.0, 3.0] and bucketed["error_y"]["arrayminus"] == [1.0, 1.0]
+    assert bucketed["error_y"]["array"] == [0.0, 0.0]
+    # rows recorded before comm_transfer_ms existed draw their points without a bar
+    old = next(f for f in sweep_figures("ddp", [ddp_row("bucketed", b, 20) for b in (1, 10)])
+               if "collectives" in f["layout"]["title"]["text"])
+    assert "error_y" not in old["data"][0] or not old["data"][0]["error_y"].get("array")

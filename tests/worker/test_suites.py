@@ -53,6 +53,9 @@ def test_ddp_suite_runs_every_wrapper_on_cpu(tmp_path, wrapper):
         assert m["comm_ms"] == 0 and m["comm_by_kind_ms"] == {}
     else:  # gloo's collectives, timed on its own threads
         assert m["comm_ms"] > 0 and m["comm_by_kind_ms"]
+    # the upper figure is the rank with the most collective time, the transfer figure the one with the least
+    assert len(m["comm_ms_by_rank"]) == 2
+    assert m["comm_ms"] == max(m["comm_ms_by_rank"]) and m["comm_transfer_ms"] == min(m["comm_ms_by_rank"])
     assert m["model"] == {"size": "custom", "d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2,
                           "context_length": 16, "batch": 1}
 

@@ -6,7 +6,12 @@ communication in alternating blocks, with CUDA events. Per step the figure is th
 
   exposed_comm_ms = median(step) - median(nocomm step), with a 95 % bootstrap interval
   overhead        = median(step) / median(nocomm step), likewise
-  comm_ms         = GPU time of the collectives per step (NCCL kernels; gloo's on CPU), slowest rank
+  comm_ms         = GPU time of the collectives per step (NCCL kernels; gloo's on CPU) on the rank with
+                    the most. A collective's kernel starts when its rank reaches it and spins until every
+                    rank has, so this includes waiting for the last rank: an upper bound
+  comm_transfer_ms = the same on the rank with the least, the one that reached the collectives last
+                    and so waited least: the nearest figure to the transfers themselves (with overlap
+                    still stretched by the compute kernels running beside them)
   gpu_busy        = time a kernel was running / step time; below HOST_BOUND the cell is host-bound:
                     the host's launching, not the GPU's work, sets its pace, and its figures are not
                     a measure of the wrapper
@@ -108,6 +113,8 @@ def run(p: Params, ctx) -> dict:
         "exposed_comm_ms": exposed, "exposed_comm_ci_low": exposed_lo, "exposed_comm_ci_high": exposed_hi,
         "overhead": overhead, "overhead_ci_low": overhead_lo, "overhead_ci_high": overhead_hi,
         "comm_ms": slowest_comm["comm_ms"],
+        "comm_transfer_ms": min(r["comm_ms"] for r in ranks),
+        "comm_ms_by_rank": [r["comm_ms"] for r in ranks],
         "comm_by_kind_ms": slowest_comm["comm_by_kind_ms"],
         "gpu_busy": gpu_busy,
         "host_bound": gpu_busy is not None and gpu_busy < HOST_BOUND,
