@@ -74,9 +74,12 @@ def memory_split(model: nn.Module, opt: torch.optim.Optimizer, device: str) -> d
 def build_model(cfg: dict[str, Any], device: str) -> nn.Module:
     from kernels.model import TransformerLM
 
-    torch.manual_seed(0)
-    return TransformerLM(cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"],
-                         cfg["num_heads"], cfg["d_ff"], attention=cfg["attention"]).to(device)
+    torch.manual_seed(0)  # the same weights on every rank (same seed, same device type)
+    # initialised on the device: the xl model's 3.4e9 weights took 126 s on a 2-core host's CPU, and
+    # every cell (and FSDP's replica) paid that before its first step
+    with torch.device(device):
+        return TransformerLM(cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"],
+                             cfg["num_heads"], cfg["d_ff"], attention=cfg["attention"])
 
 
 def make_optimizer(params, cfg: dict[str, Any]) -> torch.optim.Optimizer:
