@@ -20,6 +20,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from benchmarks.flash_ab import parse_shape
 from kernels.names import torch_dtype
 
 KERNELS = ("fwd", "dkdv", "dq")
@@ -93,7 +94,9 @@ def _compile_one(job) -> tuple[str, tuple, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="16,16384,64", help="comma-separated q shape, e.g. 16,16384,64 or 1,16,8192,128")
+    ap.add_argument("--shape", default="16,16384,64", type=parse_shape,
+                    help="comma-separated q shape, e.g. 16,16384,64 or 1,16,8192,128; ',causal' at the end "
+                         "or --causal")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--kernels", default=",".join(KERNELS))
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     from kernels.flops import attention_flops
     from worker.harness import fingerprint, measure
 
-    shape = tuple(int(x) for x in args.shape.split(","))
+    shape, shape_causal = args.shape
+    args.causal = args.causal or shape_causal
     kernels = [k for k in args.kernels.split(",") if k]
     for k in kernels:
         if k not in KERNELS:
