@@ -580,6 +580,45 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
         out.print(json.dumps({"id": sweep.id, "jobs": sum(1 for ln in lines if ln.get("kind") == "cell")}))
 
 
+@app.command()
+def plan(size: str = typer.Option("xl", help="a named size (small .. 10B) or custom, with the dims below"),
+         d_model: Optional[int] = typer.Option(None, min=1), d_ff: Optional[int] = typer.Option(None, min=1),
+         num_layers: Optional[int] = typer.Option(None, min=1), num_heads: Optional[int] = typer.Option(None, min=1),
+         vocab_size: int = typer.Option(10_000, min=1), seq_len: int = typer.Option(512, min=1, max=1 << 20),
+         batch: int = typer.Option(8, min=1, max=1 << 20, help="sequences per step, over all devices"),
+         devices: int = typer.Option(8, min=1, max=1 << 16),
+         memory_gb: Optional[float] = typer.Option(None, help="per device; default: an H200's 141"),
+         tflops: Optional[float] = typer.Option(None, help="per device; default: the newest measured matmul "
+                                                           "peak, else the datasheet"),
+         bandwidth_gbps: Optional[float] = typer.Option(None, help="per device; default: the newest all-reduce "
+                                                                   "fit, else NVLink's"),
+         overlap: bool = typer.Option(True), checkpointing: bool = typer.Option(False),
+         out_path: Optional[Path] = typer.Option(None, "--out", help="write the plan here as JSON")) -> None:
+    """The parallelism plan of GET /api/plan from this database: DP, FSDP, TP and FSDP+TP per device,
+    and every measured ddp and leaderboard cell beside its prediction."""
+    from fastapi import HTTPException
+
+    from backend.routes.plan import make_plan
+
+    for flag, value in (("--memory-gb", memory_gb), ("--tflops", tflops), ("--bandwidth-gbps", bandwidth_gbps)):
+        if value is not None and not value > 0:
+            console.print(f"[red]bad input:[/] {flag} must be positive, got {value}")
+            raise typer.Exit(2)
+    with _database_session() as db:
+        try:
+            result = make_plan(db, size, d_model, d_ff, num_layers, num_heads, vocab_size, seq_len, batch, devices,
+                               memory_gb, tflops, bandwidth_gbps, overlap, checkpointing)
+        except HTTPException as exc:  # the route's own 422s: the same words here
+            console.print(f"[red]bad input:[/] {'; '.join(d['msg'] for d in exc.detail)}")
+            raise typer.Exit(2) from None
+    text = json.dumps(result, indent=1)
+    if out_path:
+        out_path.write_text(text + "\n")
+        console.print(f"plan written to {out_path}")
+    else:
+        out.print(text)
+
+
 @app.command("compare")
 def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
                 b: int = typer.Argument(..., help="sweep B"),

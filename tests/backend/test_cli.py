@@ -221,3 +221,18 @@ def test_ci_tags_and_baseline_choice():
     assert find_baseline(sweeps, "noop", {"x": 3}, ignore=["x"])["id"] == 4  # the newest, x ignored
     assert find_baseline(sweeps, "noop", {"x": 1}, branch="dev")["id"] == 2
     assert find_baseline(sweeps, "attention", {"x": 1}) is None
+
+
+def test_plan_prints_the_api_plan_and_refuses_bad_input_by_name(tmp_path):
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
+    p = benchlab("plan", "--size", "small", "--devices", "4", "--out", str(tmp_path / "plan.json"), env=env)
+    assert p.returncode == 0, p.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["cluster"]["devices"] == 4 and plan["model"]["d_model"] == 768
+    assert [s["strategy"] for s in plan["strategies"]] == ["dp", "fsdp", "tp"]
+    assert plan["sources"]["flops"].startswith("H200 datasheet") and plan["measured"] == []  # an empty database
+    for args, words in ((["--size", "huge"], "unknown size 'huge'"),
+                        (["--size", "custom", "--d-model", "64"], "size=custom needs d_model"),
+                        (["--tflops", "-1"], "--tflops must be positive, got -1.0")):
+        bad = benchlab("plan", *args, env=env)
+        assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
