@@ -41,6 +41,24 @@ import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
+def chunks_by_bytes(tensors: list, cap_bytes: int, first_cap_bytes: int | None = None) -> list[list]:
+    """Consecutive runs of `tensors`, one dtype per run, of at most cap_bytes each (the first run at most
+    first_cap_bytes); a tensor larger than its cap is a run alone. Greedy: a tensor joins the current
+    run if it fits, else starts the next."""
+    runs: list[list] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        cap = min(cap_bytes, first_cap_bytes) if first_cap_bytes is not None and len(runs) == 1 else cap_bytes
+        if runs and runs[-1][0].dtype == t.dtype and size + nbytes <= cap:
+            runs[-1].append(t)
+            size += nbytes
+        else:
+            runs.append([t])
+            size = nbytes
+    return runs
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -220,18 +238,8 @@ class BucketedDDP(_DDPBase):
         The first bucket is capped at 1 MiB (as torch DDP does), so the first all-reduce starts as soon
         as the last layer's gradients exist instead of waiting for a whole bucket's worth of layers.
         """
-        buckets: list[list[nn.Parameter]] = []
-        size = 0
-        for p in reversed(self.params):
-            nbytes = p.numel() * p.element_size()
-            cap = min(cap_bytes, FIRST_BUCKET_BYTES) if len(buckets) == 1 else cap_bytes
-            if buckets and buckets[-1][0].dtype == p.dtype and size + nbytes <= cap:
-                buckets[-1].append(p)
-                size += nbytes
-            else:
-                buckets.append([p])
-                size = nbytes
-        return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
+        runs = chunks_by_bytes(list(reversed(self.params)), cap_bytes, first_cap_bytes=FIRST_BUCKET_BYTES)
+        return [_Bucket(i, ps) for i, ps in enumerate(runs)]
 
     def _before_forward(self) -> None:
         self._next_launch = 0

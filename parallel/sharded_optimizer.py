@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from parallel.ddp import SyncSwitch
+from parallel.ddp import SyncSwitch, chunks_by_bytes
 
 
 class ShardedOptimizer(SyncSwitch, torch.optim.Optimizer):
@@ -116,16 +116,3 @@ class ShardedOptimizer(SyncSwitch, torch.optim.Optimizer):
             start += n
         return {"state": state, "param_groups": groups}
 
-
-def chunks_by_bytes(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
-    """Consecutive runs of `tensors` of at most cap_bytes each; a tensor larger than the cap is a run alone."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if not out or size + nbytes > cap_bytes:
-            out.append([])
-            size = 0
-        out[-1].append(t)
-        size += nbytes
-    return out
