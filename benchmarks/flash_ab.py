@@ -1,11 +1,15 @@
-"""A/B of the flash kernels: this tree's kernels.flash_triton against another version of the file.
+"""A/B of the flash kernels: this tree's kernels.flash_triton against another version of the file,
+or against itself with other launch options.
 
 Both load in one process and are timed alternately on the same inputs (rounds of A then B), so
 clock drift and machine noise fall on both; outputs are compared too (`--pass bwd`: dQ, dK, dV,
-each version on its own forward's O and L).
+each version on its own forward's O and L). `--sdpa cudnn,flash` puts SDPA's backends in the same
+rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph).
 
     git show aab62a8:kernels/flash_triton.py > /tmp/flash_base.py
     python -m benchmarks.flash_ab --baseline /tmp/flash_base.py --out flash_ab.json
+    python -m benchmarks.flash_ab --pass bwd --options backward=fused --baseline-options backward=split \
+        --sdpa cudnn --out fused_vs_split.json
 """
 from __future__ import annotations
 
@@ -42,16 +46,73 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-def _call(mod, which: str, q, k, v, do, causal: bool, out, lse):
+OPTION_TYPES = {"backward": str, "tile_major": bool, "autotune": bool}
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
+
+
+def parse_options(text: str) -> dict:
+    """"backward=fused,tile_major=false" -> {"backward": "fused", "tile_major": False} (LaunchOptions fields)."""
+    out: dict = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, eq, value = item.partition("=")
+        if not eq or name not in OPTION_TYPES:
+            raise argparse.ArgumentTypeError(
+                f"option {item!r}: want NAME=VALUE with NAME one of {', '.join(OPTION_TYPES)}")
+        if OPTION_TYPES[name] is bool:
+            if value.lower() not in ("true", "false"):
+                raise argparse.ArgumentTypeError(f"option {item!r}: {name} is true or false")
+            out[name] = value.lower() == "true"
+        else:
+            out[name] = value
+    return out
+
+
+def parse_sdpa(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in SDPA_BACKENDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--sdpa {text!r}: choose from {', '.join(SDPA_BACKENDS)}")
+    return names
+
+
+def _call(mod, which: str, q, k, v, do, causal: bool, out, lse, options=None):
     """The timed call of one version: its forward launcher, or its backward launcher on (out, lse)."""
+    opts = {} if options is None else {"options": options}
     if which == "fwd":
-        return lambda: mod.flash_attention_forward(q, k, v, causal)
-    return lambda: mod.flash_attention_backward(q, k, v, out, lse, do, causal)
+        return lambda: mod.flash_attention_forward(q, k, v, causal, **opts)
+    return lambda: mod.flash_attention_backward(q, k, v, out, lse, do, causal, **opts)
+
+
+def _sdpa_call(backend: str, which: str, q, k, v, do, causal: bool):
+    """The timed call of one SDPA backend: its forward, or its backward alone (a graph kept from one forward)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    as4d = (lambda t: t[:, None]) if q.dim() == 3 else (lambda t: t)  # the fused backends want (b, h, s, d)
+    q, k, v, do = (as4d(t) for t in (q, k, v, do))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    pick = getattr(SDPBackend, SDPA_BACKENDS[backend])
+    if which == "fwd":
+        def run():
+            with sdpa_kernel(pick):
+                return sdpa(q, k, v, is_causal=causal)
+        return run
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(pick):  # the backend is chosen in forward; its backward node is what runs below
+        out = sdpa(qg, kg, vg, is_causal=causal)
+    return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", type=Path, required=True, help="path of the other flash_triton.py")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="path of the other flash_triton.py (default: this tree's, with --baseline-options)")
+    ap.add_argument("--options", type=parse_options, default={}, metavar="NAME=VALUE,...",
+                    help=f"LaunchOptions of the current version ({', '.join(OPTION_TYPES)})")
+    ap.add_argument("--baseline-options", type=parse_options, default={}, metavar="NAME=VALUE,...",
+                    help="LaunchOptions of the baseline")
+    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
+                    help="SDPA backends to time in the same rotation")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=30)
@@ -62,35 +123,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd",
                     help="time the forward launcher, or the backward launcher on each version's own forward outputs")
     args = ap.parse_args(argv)
+    if args.baseline is None and args.options == args.baseline_options:
+        ap.error("nothing to compare: give --baseline FILE, or --options that differ from --baseline-options")
 
     import torch
 
     from kernels import flash_triton as current
     from worker.harness import fingerprint, measure
 
-    base = load_module(args.baseline)
-    report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": args.label or args.baseline.name,
-              "pass": args.which, "rounds": args.rounds, "cells": []}
-    versions = {"current": current, "baseline": base}
+    base = load_module(args.baseline) if args.baseline else current
+    label = args.label or (args.baseline.name if args.baseline else "this tree")
+    report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
+              "baseline_options": args.baseline_options, "sdpa": args.sdpa, "pass": args.which,
+              "rounds": args.rounds, "cells": []}
+    versions = {"current": (current, current.LaunchOptions(**args.options)),
+                "baseline": (base, base.LaunchOptions(**args.baseline_options) if args.baseline_options else None)}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-        saved = {label: mod.flash_attention_forward(q, k, v, causal) for label, mod in versions.items()}
-        calls = {label: _call(mod, args.which, q, k, v, do, causal, *saved[label]) for label, mod in versions.items()}
-        ms: dict[str, list[float]] = {label: [] for label in versions}
+        calls = {}
+        for name, (mod, opts) in versions.items():
+            saved = mod.flash_attention_forward(q, k, v, causal, **({"options": opts} if opts else {}))
+            calls[name] = _call(mod, args.which, q, k, v, do, causal, *saved, options=opts)
+        for backend in args.sdpa:
+            calls[f"sdpa_{backend}"] = _sdpa_call(backend, args.which, q, k, v, do, causal)
+        ms: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(args.rounds):
-            for label in versions:
-                ms[label].append(measure(calls[label], warmup=3, repeats=args.repeats, device="cuda").median_ms)
+            for name, call in calls.items():
+                ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
         out_cur, out_base = calls["current"](), calls["baseline"]()
         out_cur, out_base = (out_cur, out_base) if args.which == "bwd" else (out_cur[:1], out_base[:1])
         cell = {"shape": list(shape), "causal": causal, "current_ms": ms["current"], "baseline_ms": ms["baseline"],
                 "speedup": min(ms["baseline"]) / min(ms["current"]),
                 "max_abs_diff": max((a.float() - b.float()).abs().max().item()
                                     for a, b in zip(out_cur, out_base, strict=True))}
+        for backend in args.sdpa:  # > 1: the current version is faster than that backend
+            cell[f"sdpa_{backend}_ms"] = ms[f"sdpa_{backend}"]
+            cell[f"speedup_vs_sdpa_{backend}"] = min(ms[f"sdpa_{backend}"]) / min(ms["current"])
         report["cells"].append(cell)
         print(json.dumps(cell), file=sys.stderr, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")  # after every cell: a cut run keeps its cells
     return 0
 
 

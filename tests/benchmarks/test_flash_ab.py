@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.flash_ab import _call, load_module, parse_shape
+from benchmarks.flash_ab import _call, load_module, main, parse_options, parse_sdpa, parse_shape
 
 
 def test_loads_a_flash_module_from_a_path():
@@ -53,3 +53,23 @@ def test_the_backward_pass_compares_each_versions_gradients_on_its_own_forward()
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     (o2, _l2) = _call(flash_triton, "fwd", q, k, v, do, True, out, lse)()
     torch.testing.assert_close(o2, out)
+
+
+def test_launch_options_and_sdpa_backends_parse_and_bad_ones_are_named():
+    assert parse_options("backward=fused, tile_major=false") == {"backward": "fused", "tile_major": False}
+    assert parse_options("") == {}
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME one of backward, tile_major, autotune"):
+        parse_options("bwd=fused")
+    with pytest.raises(argparse.ArgumentTypeError, match="tile_major is true or false"):
+        parse_options("tile_major=maybe")
+    assert parse_sdpa("cudnn,flash") == ["cudnn", "flash"]
+    with pytest.raises(argparse.ArgumentTypeError, match="choose from cudnn, flash"):
+        parse_sdpa("math")
+
+
+def test_a_comparison_of_the_tree_with_itself_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x.json"), "--options", "backward=split", "--baseline-options", "backward=split"])
+    assert exc.value.code == 2
+    assert "nothing to compare" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
