@@ -1,6 +1,7 @@
 """Tile search for the Triton FlashAttention-2 kernels on one shape, one kernel at a time (GPU).
 
-For each kernel (fwd, dkdv, dq, and fused: the fused backward's dK/dV/dQ kernel) every
+For each kernel (fwd, dkdv, dq, and fused / fused_tma: the fused backward's dK/dV/dQ kernel, its dQ
+added by atomics or by TMA reductions) every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) of a wide space that fits in shared memory is pinned in
 turn and timed on its own pass: the forward alone, or the whole backward with the other backward
 kernel held at one fixed config, so the differences are the swept kernel's (the fused backward is
@@ -24,14 +25,15 @@ from pathlib import Path
 from benchmarks.flash_ab import parse_shape
 from kernels.names import torch_dtype
 
-KERNELS = ("fwd", "dkdv", "dq", "fused")
+KERNELS = ("fwd", "dkdv", "dq", "fused", "fused_tma")
+FUSED = ("fused", "fused_tma")
 
 
 def space(kernel: str) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, warps, stages) candidates; the diagonal needs the row tile to divide evenly."""
     out = []
     for bm, bn, w, st in itertools.product((16, 32, 64, 128, 256), (16, 32, 64, 128), (4, 8), (2, 3, 4, 5)):
-        if kernel in ("dkdv", "fused"):
+        if kernel == "dkdv" or kernel in FUSED:
             ok = bn % bm == 0 and bn >= 64 and bm >= 16 and bn * bm >= 64 * 32
         else:
             ok = bm % bn == 0 and bm >= 64 and bn >= 32 and bm * bn <= 128 * 128
@@ -57,7 +59,7 @@ def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str)
     pins = dict(base)
     if cfg is not None:
         pins[kernel] = ft.make_config(*cfg)
-    options = ft.LaunchOptions(pinned=pins, backward="fused" if kernel == "fused" else "split")
+    options = ft.LaunchOptions(pinned=pins, backward=kernel if kernel in FUSED else "split")
     if kernel == "fwd":
         def run():
             ft.flash_attention_forward(q, k, v, causal, options=options)
@@ -73,7 +75,8 @@ def _base_pins():
     """The fixed config held by the kernels not being swept: the first of each shipped space."""
     from kernels import flash_triton as ft
 
-    return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0], "fused": ft.FUSED_CONFIGS[0]}
+    return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0],
+            "fused": ft.FUSED_CONFIGS[0], "fused_tma": ft.FUSED_CONFIGS[0]}
 
 
 def _short_error(exc: Exception) -> str:

@@ -180,7 +180,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
                     offs_n, offs_d, n_q, lo, hi, qk_scale,
                     MASKED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr, FUSED_DQ: tl.constexpr):
+                    INPUT_PRECISION: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     """Accumulate query tiles [lo, hi) into this key tile's dK, dV (both (BLOCK_N, d), fp32).
 
     Works on transposed scores so no tile is transposed in registers:
@@ -188,7 +188,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
       dP^T = V dO^T, dS^T = P^T * (dP^T - Delta), dK += dS^T Q.
     FUSED_DQ also adds this key tile's share of dQ, dS K = (dS^T)^T K (BLOCK_M, d), into the fp32
     accumulator at dqa_base (rows of BLOCK_D floats) with atomic adds: five dots per tile pair
-    instead of the split backward's seven (its dQ kernel recomputes S and dP).
+    instead of the split backward's seven (its dQ kernel recomputes S and dP). With DQ_TMA, dqa_base
+    is a tensor descriptor of this head's accumulator and each add is one TMA bulk reduction of the
+    whole (BLOCK_M, d) tile (rows past n_q are clipped by the descriptor's bounds).
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
@@ -219,11 +221,14 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
         dk = tl.dot(dst, tl.trans(qt), dk, input_precision=INPUT_PRECISION)
         if FUSED_DQ:
             dq = tl.dot(tl.trans(dst), k, input_precision=INPUT_PRECISION)  # unscaled: the cast kernel scales
-            dqa_ptrs = dqa_base + offs_m[:, None] * BLOCK_D + offs_d[None, :]
-            if EVEN_M:
-                tl.atomic_add(dqa_ptrs, dq, sem="relaxed")
+            if DQ_TMA:
+                dqa_base.atomic_add([start_m, 0], dq)
             else:
-                tl.atomic_add(dqa_ptrs, dq, mask=offs_m[:, None] < n_q, sem="relaxed")
+                dqa_ptrs = dqa_base + offs_m[:, None] * BLOCK_D + offs_d[None, :]
+                if EVEN_M:
+                    tl.atomic_add(dqa_ptrs, dq, sem="relaxed")
+                else:
+                    tl.atomic_add(dqa_ptrs, dq, mask=offs_m[:, None] < n_q, sem="relaxed")
     return dk, dv
 
 
@@ -239,7 +244,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
                      IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, FUSED_DQ: tl.constexpr):
+                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, FUSED_DQ: tl.constexpr,
+                     DQ_TMA: tl.constexpr):
     pid_n, pid_zh, n_tiles = _program_ids(TILE_MAJOR)  # causal: key tile 0 sees the most queries
     z = pid_zh // H
     h = pid_zh % H
@@ -264,6 +270,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
     l_base = L + pid_zh.to(tl.int64) * n_q
     delta_base = Delta + pid_zh.to(tl.int64) * n_q
     dqa_base = DQA + pid_zh.to(tl.int64) * n_q * BLOCK_D  # unused unless FUSED_DQ
+    if DQ_TMA:  # (sm_90+) this head's (n_q, BLOCK_D) accumulator as a TMA descriptor
+        dqa_base = tl.make_tensor_descriptor(dqa_base, shape=[n_q, BLOCK_D], strides=[BLOCK_D, 1],
+                                             block_shape=[BLOCK_M, BLOCK_D])
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -274,14 +283,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
                                  stride_qm, stride_qd, stride_dom, stride_dod,
                                  offs_n, offs_d, n_q, lo_masked, hi_masked, qk_scale,
-                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_D, BLOCK_M, INPUT_PRECISION, FUSED_DQ)
+                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_D, BLOCK_M, INPUT_PRECISION, FUSED_DQ,
+                                 DQ_TMA)
         lo = start_n + BLOCK_N
     else:
         lo = 0
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
                              stride_qm, stride_qd, stride_dom, stride_dod,
                              offs_n, offs_d, n_q, lo, n_q, qk_scale,
-                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_D, BLOCK_M, INPUT_PRECISION, FUSED_DQ)
+                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_D, BLOCK_M, INPUT_PRECISION, FUSED_DQ,
+                             DQ_TMA)
     dk = dk * sm_scale
 
     dk_ptrs = DK + z.to(tl.int64) * stride_dkz + h.to(tl.int64) * stride_dkh \
@@ -482,8 +493,9 @@ DQ_CONFIGS = [make_config(*c) for c in ((128, 64, 4, 3), (128, 32, 8, 3), (128, 
 # The fused backward's key tile does five dots per query tile and one atomic add of BLOCK_M x d
 # floats: atomics per multiply-add = 1 / (5 * BLOCK_N), so wide key tiles (128) are favoured.
 FUSED_CONFIGS = [make_config(*c) for c in ((64, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 3), (32, 128, 4, 3),
-                                              (32, 64, 4, 3), (64, 64, 4, 2), (16, 64, 4, 2))]
+                                              (32, 64, 4, 3), (16, 64, 4, 2), (16, 32, 4, 2))]
 
+FUSED_KERNELS = ("fused", "fused_tma")  # the dK/dV kernel with FUSED_DQ: dQ by atomics, by TMA reductions
 SMEM_BUDGET = 200 * 1024  # bytes; the H100/H200 give a block up to 227 KiB of shared memory
 
 
@@ -491,15 +503,17 @@ def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> 
     """Shared memory a config stages: the resident tile plus `num_stages` copies of the streamed pair.
 
     fwd / dq keep a (BLOCK_M, d) query tile (dq also dO) and stream K, V tiles (BLOCK_N, d);
-    dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d).
+    dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d). The fused kernels also
+    stage dS^T for its transpose (BLOCK_N x BLOCK_M) and the (BLOCK_M, d) fp32 dQ tile they add.
     """
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
     d = _block_d(head_dim)
-    if kernel in ("dkdv", "fused"):
+    if kernel in ("dkdv", *FUSED_KERNELS):
         resident, streamed = 2 * bn * d, 2 * bm * d
     else:
         resident, streamed = (1 if kernel == "fwd" else 2) * bm * d, 2 * bn * d
-    return (resident + cfg.num_stages * streamed) * elem
+    staged = bn * bm * elem + bm * d * 4 if kernel in FUSED_KERNELS else 0
+    return (resident + cfg.num_stages * streamed) * elem + staged
 
 
 def _pruner(kernel: str):
@@ -515,7 +529,7 @@ def _pruner(kernel: str):
 
 # Under TRITON_INTERPRET=1 (CPU tensors) autotuning would run every config in the interpreter; one
 # small fixed config keeps CPU tests quick and still exercises ragged tiles and the diagonal logic.
-CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "fused": (16, 32)}
+CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "fused": (16, 32), "fused_tma": (16, 32)}
 
 _fwd = triton.heuristics(_EVEN_HEURISTICS)(_fwd_kernel)
 _dkdv = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dkdv_kernel)
@@ -540,9 +554,11 @@ def _autotune(kernel, configs, which: str, reset_to_zero=None):
 _fwd_tuned = _autotune(_fwd, FWD_CONFIGS, "fwd")
 _dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv")
 _dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq")
-# the fused backward is the dK/dV kernel with FUSED_DQ: its atomic adds accumulate, so the tuner
-# zeroes the dQ accumulator before each timed run and once more before the launch that counts
+# the fused backward is the dK/dV kernel with FUSED_DQ (and DQ_TMA for fused_tma): its atomic adds
+# accumulate, so the tuner zeroes the dQ accumulator before each timed run and once more before the
+# launch that counts
 _fused_tuned = _autotune(_dkdv, FUSED_CONFIGS, "fused", reset_to_zero=["DQA"])
+_fused_tma_tuned = _autotune(_dkdv, FUSED_CONFIGS, "fused_tma", reset_to_zero=["DQA"])
 
 
 def _pow2_at_least(n: int) -> int:
@@ -618,12 +634,13 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 # (same or more configs to pick from). Non-causal tiles are all equal work, so order can only cost
 # locality there. The threshold sits between the two measured footprints.
 TILE_MAJOR_MAX_KV_BYTES = 96 * 2**20
-KERNELS = ("fwd", "dkdv", "dq", "fused")
+KERNELS = ("fwd", "dkdv", "dq", *FUSED_KERNELS)
 # The backward: "split" runs a dQ kernel (which also writes Delta) then a dK/dV kernel, seven dots per
 # tile pair, deterministic; "fused" runs Delta, then one dK/dV kernel that also adds dQ by atomics
-# (five dots), then a cast of dQ to its dtype. Summation order of the atomics varies: dQ can differ
-# in its last bits from run to run.
-BACKWARDS = ("split", "fused")
+# (five dots), then a cast of dQ to its dtype; "fused_tma" is "fused" with each (BLOCK_M, d) add done
+# as one TMA bulk reduction (sm_90+, not in the interpreter). Summation order of the atomics varies:
+# dQ can differ in its last bits from run to run.
+BACKWARDS = ("split", *FUSED_KERNELS)
 # Below this many scores (batch x heads x n_q x n_k), "auto" takes the split backward: its two launches
 # cost less host time than the fused path's three, and small problems are bound by the host.
 FUSED_MIN_SCORES = 2**30
@@ -638,7 +655,7 @@ class LaunchOptions:
     tile_major  grid order (see _program_ids); None picks per call (_tile_major)
     pinned      a fixed config per kernel name (fwd, dkdv, dq, fused) instead of autotuning; a config
                 that does not fit in shared memory fails at launch
-    backward    "split" or "fused" (see BACKWARDS); None picks per call (_backward_kind)
+    backward    "split", "fused" or "fused_tma" (see BACKWARDS); None picks per call (_backward_kind)
     """
 
     autotune: bool = True
@@ -658,10 +675,13 @@ class LaunchOptions:
 
 
 DEFAULT_OPTIONS = LaunchOptions()
-_SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS, "fused": FUSED_CONFIGS}
-_TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned, "fused": _fused_tuned}
-_HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq, "fused": _dkdv}
-_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel, "fused": _bwd_dkdv_kernel}
+_SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS, "fused": FUSED_CONFIGS,
+           "fused_tma": FUSED_CONFIGS}
+_TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned, "fused": _fused_tuned,
+          "fused_tma": _fused_tma_tuned}
+_HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq, "fused": _dkdv, "fused_tma": _dkdv}
+_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel, "fused": _bwd_dkdv_kernel,
+        "fused_tma": _bwd_dkdv_kernel}
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -821,6 +841,20 @@ def _rows_per_program(block_d: int) -> int:
     return max(16, 8192 // block_d)
 
 
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for kernels that build TMA descriptors in the kernel (128 bytes a program);
+    the caching allocator's blocks are 512-byte aligned."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_scratch_allocator() -> None:
+    """Give Triton an allocator for in-kernel descriptors unless this thread already has one."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
 def clear_launch_plans() -> None:
     """Forget every launch plan (the next call of each signature goes through Triton again)."""
     _PLANS.clear()
@@ -913,7 +947,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     sm_scale = 1.0 / math.sqrt(d)
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
-    fused = _backward_kind(q.is_cuda, math.prod(q.shape[:-1]) * n_k, options) == "fused"
+    kind = _backward_kind(q.is_cuda, math.prod(q.shape[:-1]) * n_k, options)
+    if kind == "fused_tma" and not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
+        raise ValueError("backward='fused_tma' needs a CUDA GPU with TMA (compute capability 9.0 or newer); "
+                         "use 'fused' or 'split'")
 
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
@@ -922,15 +959,18 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     dkdv_rest = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
                  *common)
     dkdv_grid = _grid(n_k, "BLOCK_N", Z * H, tile_major)
-    if fused:
+    if kind in FUSED_KERNELS:
+        tma = kind == "fused_tma"
+        if tma:
+            _ensure_scratch_allocator()
         block_d, rows = _block_d(d), _rows_per_program(_block_d(d))
         dqa = torch.empty((Z * H, n_q, block_d), dtype=torch.float32, device=q.device)
         small = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=rows)
         rows_grid = (Z * H, triton.cdiv(n_q, rows))
         prep = _launch_plain(_bwd_prep_kernel, (o4, do4, delta, dqa, *_strides(o4), *_strides(do4), H, n_q), 4,
                              rows_grid, small, q, want_plan)
-        main = _launch("fused", (*dkdv_args, dqa, *dkdv_rest), 9, dkdv_grid, {**constexprs, "FUSED_DQ": True},
-                       q, d, options, want_plan)
+        main = _launch(kind, (*dkdv_args, dqa, *dkdv_rest), 9, dkdv_grid,
+                       {**constexprs, "FUSED_DQ": True, "DQ_TMA": tma}, q, d, options, want_plan)
         cast = _launch_plain(_bwd_dq_cast_kernel, (dqa, dq4, *_strides(dq4), H, n_q, sm_scale), 2,
                              rows_grid, small, q, want_plan)
         if prep is not None and main is not None and cast is not None:
@@ -942,6 +982,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                 dv = torch.empty(shapes[2], dtype=dtype, device=device)
                 delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
                 dqa = torch.empty(shapes[4], dtype=torch.float32, device=device)
+                if tma:  # the allocator is per thread (a ContextVar), and autograd runs backward on its own
+                    _ensure_scratch_allocator()
                 prep(o, do, delta, dqa)
                 main(q, k, v, do, lse, delta, dk, dv, dqa)
                 cast(dqa, dq)
@@ -956,8 +998,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
                   _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
     # the dK/dV kernel's dQ accumulator goes unused without FUSED_DQ: delta stands in for the pointer
-    dkdv = _launch("dkdv", (*dkdv_args, delta, *dkdv_rest), 9, dkdv_grid, {**constexprs, "FUSED_DQ": False},
-                   q, d, options, want_plan)
+    dkdv = _launch("dkdv", (*dkdv_args, delta, *dkdv_rest), 9, dkdv_grid,
+                   {**constexprs, "FUSED_DQ": False, "DQ_TMA": False}, q, d, options, want_plan)
     if dkdv is not None and dq_ is not None:
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 
