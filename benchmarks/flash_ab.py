@@ -8,8 +8,8 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
 
     git show aab62a8:kernels/flash_triton.py > /tmp/flash_base.py
     python -m benchmarks.flash_ab --baseline /tmp/flash_base.py --out flash_ab.json
-    python -m benchmarks.flash_ab --pass bwd --options backward=fused --baseline-options backward=split \
-        --sdpa cudnn --out fused_vs_split.json
+    python -m benchmarks.flash_ab --options tile_major=true --baseline-options tile_major=false \
+        --sdpa cudnn --out tile_order.json
 """
 from __future__ import annotations
 
@@ -46,24 +46,21 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-OPTION_TYPES = {"backward": str, "tile_major": bool, "autotune": bool}
+BOOL_OPTIONS = ("tile_major", "autotune")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
 def parse_options(text: str) -> dict:
-    """"backward=fused,tile_major=false" -> {"backward": "fused", "tile_major": False} (LaunchOptions fields)."""
+    """"tile_major=false,autotune=true" -> {"tile_major": False, "autotune": True} (LaunchOptions fields)."""
     out: dict = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, eq, value = item.partition("=")
-        if not eq or name not in OPTION_TYPES:
+        if not eq or name not in BOOL_OPTIONS:
             raise argparse.ArgumentTypeError(
-                f"option {item!r}: want NAME=VALUE with NAME one of {', '.join(OPTION_TYPES)}")
-        if OPTION_TYPES[name] is bool:
-            if value.lower() not in ("true", "false"):
-                raise argparse.ArgumentTypeError(f"option {item!r}: {name} is true or false")
-            out[name] = value.lower() == "true"
-        else:
-            out[name] = value
+                f"option {item!r}: want NAME=VALUE with NAME one of {', '.join(BOOL_OPTIONS)}")
+        if value.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"option {item!r}: {name} is true or false")
+        out[name] = value.lower() == "true"
     return out
 
 
@@ -108,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="path of the other flash_triton.py (default: this tree's, with --baseline-options)")
     ap.add_argument("--options", type=parse_options, default={}, metavar="NAME=VALUE,...",
-                    help=f"LaunchOptions of the current version ({', '.join(OPTION_TYPES)})")
+                    help=f"LaunchOptions of the current version ({', '.join(BOOL_OPTIONS)})")
     ap.add_argument("--baseline-options", type=parse_options, default={}, metavar="NAME=VALUE,...",
                     help="LaunchOptions of the baseline")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",

@@ -1,13 +1,11 @@
 """Tile search for the Triton FlashAttention-2 kernels on one shape, one kernel at a time (GPU).
 
-For each kernel (fwd, dkdv, dq, and fused / fused_tma: the fused backward's dK/dV/dQ kernel, its dQ
-added by atomics or by TMA reductions) every
-(BLOCK_M, BLOCK_N, num_warps, num_stages) of a wide space that fits in shared memory is pinned in
-turn and timed on its own pass: the forward alone, or the whole backward with the other backward
-kernel held at one fixed config, so the differences are the swept kernel's (the fused backward is
-one swept kernel between its two small fixed ones). Compiles run first in parallel worker processes
-(they fill Triton's on-disk cache); the timing runs after, in one process. The best of each kernel
-is then timed together against the autotuned path, in both grid orders.
+For each kernel (fwd, dkdv, dq) every (BLOCK_M, BLOCK_N, num_warps, num_stages) of a wide space
+that fits in shared memory is pinned in turn and timed on its own pass: the forward alone, or the
+whole backward with the other backward kernel held at one fixed config (so the differences are
+the swept kernel's). Compiles run first in parallel worker processes (they fill Triton's on-disk
+cache); the timing runs after, in one process. The best of each kernel is then timed together
+against the autotuned path, in both grid orders.
 
     python -m benchmarks.flash_tune --shape 16,16384,64 --causal --out flash_tune.jsonl
 """
@@ -25,15 +23,14 @@ from pathlib import Path
 from benchmarks.flash_ab import parse_shape
 from kernels.names import torch_dtype
 
-KERNELS = ("fwd", "dkdv", "dq", "fused", "fused_tma")
-FUSED = ("fused", "fused_tma")
+KERNELS = ("fwd", "dkdv", "dq")
 
 
 def space(kernel: str) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, warps, stages) candidates; the diagonal needs the row tile to divide evenly."""
     out = []
     for bm, bn, w, st in itertools.product((16, 32, 64, 128, 256), (16, 32, 64, 128), (4, 8), (2, 3, 4, 5)):
-        if kernel == "dkdv" or kernel in FUSED:
+        if kernel == "dkdv":
             ok = bn % bm == 0 and bn >= 64 and bm >= 16 and bn * bm >= 64 * 32
         else:
             ok = bm % bn == 0 and bm >= 64 and bn >= 32 and bm * bn <= 128 * 128
@@ -59,7 +56,7 @@ def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str)
     pins = dict(base)
     if cfg is not None:
         pins[kernel] = ft.make_config(*cfg)
-    options = ft.LaunchOptions(pinned=pins, backward=kernel if kernel in FUSED else "split")
+    options = ft.LaunchOptions(pinned=pins)
     if kernel == "fwd":
         def run():
             ft.flash_attention_forward(q, k, v, causal, options=options)
@@ -75,8 +72,7 @@ def _base_pins():
     """The fixed config held by the kernels not being swept: the first of each shipped space."""
     from kernels import flash_triton as ft
 
-    return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0],
-            "fused": ft.FUSED_CONFIGS[0], "fused_tma": ft.FUSED_CONFIGS[0]}
+    return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0]}
 
 
 def _short_error(exc: Exception) -> str:
@@ -200,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for label, ctx_pins in (("best_pinned", pins), ("autotuned", {})):
             for tile_major in (True, False):
-                options = ft.LaunchOptions(tile_major=tile_major, pinned=ctx_pins)  # the backward: auto
+                options = ft.LaunchOptions(tile_major=tile_major, pinned=ctx_pins)
                 t = measure(lambda o=options: fwd_bwd(o), warmup=3, repeats=args.repeats * 2, device="cuda")
                 row = {"kind": "total", "label": label, "tile_major": tile_major, "fwd_bwd_ms": t.median_ms,
                        "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,

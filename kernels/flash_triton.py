@@ -1,4 +1,4 @@
-"""FlashAttention-2 in Triton: forward, and backward split (dQ with Delta, then dK/dV) or fused.
+"""FlashAttention-2 in Triton: forward, and backward as two kernels (dQ with Delta, then dK/dV).
 
 Layout. Every tensor is viewed as (Z, H, N, D) with its own four strides, so 3D and 4D inputs
 and non-contiguous views (a transposed head axis, a slice) are read in place, without a copy.
@@ -12,12 +12,8 @@ in an order chosen per call: see _program_ids and _tile_major):
   dK, dV    cdiv(n_k, BLOCK_N) tiles, launched after dQ: a key tile loops over query tiles,
             reading the Delta the dQ programs wrote.
 
-That split backward has no atomics: each program writes only its own rows, and it does seven dots
-per (query tile, key tile) pair, because dQ's kernel recomputes S and dP. The fused backward does
-five: a prep kernel writes Delta and zeroes an fp32 dQ accumulator, the dK/dV kernel (FUSED_DQ)
-adds each key tile's dS K into it with atomic adds, and a cast kernel writes dQ. Which one runs:
-BACKWARDS and _backward_kind. The one tensor saved for backward besides the inputs and O is
-L = logsumexp of the scaled scores (natural log, fp32, shaped q.shape[:-1]).
+No atomics: each program writes only its own rows. The one tensor saved for backward besides
+the inputs and O is L = logsumexp of the scaled scores (natural log, fp32, shaped q.shape[:-1]).
 
 Causal (query i sees key j <= i, aligned at the top-left): key tiles wholly right of the diagonal
 are never visited, tiles wholly left of it run without any mask, and only the tiles that cross
@@ -175,22 +171,16 @@ def _fwd_kernel(Q, K, V, O, L,
 # backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
                     stride_qm, stride_qd, stride_dom, stride_dod,
                     offs_n, offs_d, n_q, lo, hi, qk_scale,
                     MASKED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr, FUSED_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulate query tiles [lo, hi) into this key tile's dK, dV (both (BLOCK_N, d), fp32).
 
     Works on transposed scores so no tile is transposed in registers:
       S^T = K Q^T (BLOCK_N, BLOCK_M), P^T = exp2(S^T - L), dV += P^T dO,
       dP^T = V dO^T, dS^T = P^T * (dP^T - Delta), dK += dS^T Q.
-    FUSED_DQ also adds this key tile's share of dQ, dS K = (dS^T)^T K (BLOCK_M, d), into the fp32
-    accumulator at dqa_base (rows of BLOCK_D floats) with atomic adds: five dots per tile pair
-    instead of the split backward's seven (its dQ kernel recomputes S and dP). With DQ_TMA, dqa_base
-    is a tensor descriptor of this head's accumulator and each add is one TMA bulk reduction of the
-    whole (BLOCK_M, d) tile (rows past n_q are clipped by the descriptor's bounds).
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
@@ -217,23 +207,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
             pt = tl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dpt = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        dst = (pt * (dpt - delta[None, :])).to(qt.dtype)
-        dk = tl.dot(dst, tl.trans(qt), dk, input_precision=INPUT_PRECISION)
-        if FUSED_DQ:
-            dq = tl.dot(tl.trans(dst), k, input_precision=INPUT_PRECISION)  # unscaled: the cast kernel scales
-            if DQ_TMA:
-                dqa_base.atomic_add([start_m, 0], dq)
-            else:
-                dqa_ptrs = dqa_base + offs_m[:, None] * BLOCK_D + offs_d[None, :]
-                if EVEN_M:
-                    tl.atomic_add(dqa_ptrs, dq, sem="relaxed")
-                else:
-                    tl.atomic_add(dqa_ptrs, dq, mask=offs_m[:, None] < n_q, sem="relaxed")
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=INPUT_PRECISION)
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
+def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd,
@@ -244,8 +224,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
                      IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, FUSED_DQ: tl.constexpr,
-                     DQ_TMA: tl.constexpr):
+                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
     pid_n, pid_zh, n_tiles = _program_ids(TILE_MAJOR)  # causal: key tile 0 sees the most queries
     z = pid_zh // H
     h = pid_zh % H
@@ -269,10 +248,6 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
     do_base = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh
     l_base = L + pid_zh.to(tl.int64) * n_q
     delta_base = Delta + pid_zh.to(tl.int64) * n_q
-    dqa_base = DQA + pid_zh.to(tl.int64) * n_q * BLOCK_D  # unused unless FUSED_DQ
-    if DQ_TMA:  # (sm_90+) this head's (n_q, BLOCK_D) accumulator as a TMA descriptor
-        dqa_base = tl.make_tensor_descriptor(dqa_base, shape=[n_q, BLOCK_D], strides=[BLOCK_D, 1],
-                                             block_shape=[BLOCK_M, BLOCK_D])
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -280,19 +255,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQA,
         # queries < start_n see none of these keys; [start_n, start_n+BLOCK_N) cross the diagonal
         lo_masked = start_n
         hi_masked = tl.minimum(start_n + BLOCK_N, n_q)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
                                  stride_qm, stride_qd, stride_dom, stride_dod,
                                  offs_n, offs_d, n_q, lo_masked, hi_masked, qk_scale,
-                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_D, BLOCK_M, INPUT_PRECISION, FUSED_DQ,
-                                 DQ_TMA)
+                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION)
         lo = start_n + BLOCK_N
     else:
         lo = 0
-    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base, dqa_base,
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
                              stride_qm, stride_qd, stride_dom, stride_dod,
                              offs_n, offs_d, n_q, lo, n_q, qk_scale,
-                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_D, BLOCK_M, INPUT_PRECISION, FUSED_DQ,
-                             DQ_TMA)
+                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION)
     dk = dk * sm_scale
 
     dk_ptrs = DK + z.to(tl.int64) * stride_dkz + h.to(tl.int64) * stride_dkh \
@@ -416,49 +389,6 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
         tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
 
 
-@triton.jit
-def _bwd_prep_kernel(O, DO, Delta, DQA,
-                     stride_oz, stride_oh, stride_om, stride_od,
-                     stride_doz, stride_doh, stride_dom, stride_dod,
-                     H, n_q,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Fused backward, before: Delta = rowsum(O * dO) for a tile of rows, and their dQ accumulator zeroed."""
-    pid_zh, pid_m = tl.program_id(0), tl.program_id(1)
-    z = pid_zh // H
-    h = pid_zh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    rows = offs_m[:, None] < n_q
-    mask = rows & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh
-                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
-    dqa_ptrs = DQA + pid_zh.to(tl.int64) * n_q * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :]
-    tl.store(dqa_ptrs, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), mask=rows)
-
-
-@triton.jit
-def _bwd_dq_cast_kernel(DQA, DQ,
-                        stride_dqz, stride_dqh, stride_dqm, stride_dqd,
-                        H, n_q, sm_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Fused backward, after: dQ = sm_scale * accumulator, in dQ's dtype and strides."""
-    pid_zh, pid_m = tl.program_id(0), tl.program_id(1)
-    z = pid_zh // H
-    h = pid_zh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    rows = offs_m[:, None] < n_q
-    acc = tl.load(DQA + pid_zh.to(tl.int64) * n_q * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :],
-                  mask=rows, other=0.0)
-    tl.store(DQ + z.to(tl.int64) * stride_dqz + h.to(tl.int64) * stride_dqh
-             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             (acc * sm_scale).to(DQ.dtype.element_ty), mask=rows & (offs_d[None, :] < HEAD_DIM))
-
-
 # ----------------------------------------------------------------------------------------------
 # tile selection
 # ----------------------------------------------------------------------------------------------
@@ -490,12 +420,7 @@ DKDV_CONFIGS = [make_config(*c) for c in ((32, 64, 4, 3), (64, 128, 8, 4), (64, 
                                              (32, 128, 4, 4), (64, 64, 4, 2), (16, 64, 4, 2))]
 DQ_CONFIGS = [make_config(*c) for c in ((128, 64, 4, 3), (128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 3),
                                            (64, 32, 4, 3), (64, 64, 4, 2), (64, 16, 4, 2))]
-# The fused backward's key tile does five dots per query tile and one atomic add of BLOCK_M x d
-# floats: atomics per multiply-add = 1 / (5 * BLOCK_N), so wide key tiles (128) are favoured.
-FUSED_CONFIGS = [make_config(*c) for c in ((64, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 3), (32, 128, 4, 3),
-                                              (32, 64, 4, 3), (16, 64, 4, 2), (16, 32, 4, 2))]
 
-FUSED_KERNELS = ("fused", "fused_tma")  # the dK/dV kernel with FUSED_DQ: dQ by atomics, by TMA reductions
 SMEM_BUDGET = 200 * 1024  # bytes; the H100/H200 give a block up to 227 KiB of shared memory
 
 
@@ -503,17 +428,15 @@ def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> 
     """Shared memory a config stages: the resident tile plus `num_stages` copies of the streamed pair.
 
     fwd / dq keep a (BLOCK_M, d) query tile (dq also dO) and stream K, V tiles (BLOCK_N, d);
-    dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d). The fused kernels also
-    stage dS^T for its transpose (BLOCK_N x BLOCK_M) and the (BLOCK_M, d) fp32 dQ tile they add.
+    dK/dV keeps (BLOCK_N, d) K and V and streams Q and dO tiles (BLOCK_M, d).
     """
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
     d = _block_d(head_dim)
-    if kernel in ("dkdv", *FUSED_KERNELS):
+    if kernel == "dkdv":
         resident, streamed = 2 * bn * d, 2 * bm * d
     else:
         resident, streamed = (1 if kernel == "fwd" else 2) * bm * d, 2 * bn * d
-    staged = bn * bm * elem + bm * d * 4 if kernel in FUSED_KERNELS else 0
-    return (resident + cfg.num_stages * streamed) * elem + staged
+    return (resident + cfg.num_stages * streamed) * elem
 
 
 def _pruner(kernel: str):
@@ -529,7 +452,7 @@ def _pruner(kernel: str):
 
 # Under TRITON_INTERPRET=1 (CPU tensors) autotuning would run every config in the interpreter; one
 # small fixed config keeps CPU tests quick and still exercises ragged tiles and the diagonal logic.
-CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "fused": (16, 32), "fused_tma": (16, 32)}
+CPU_CONFIG = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
 
 _fwd = triton.heuristics(_EVEN_HEURISTICS)(_fwd_kernel)
 _dkdv = triton.heuristics(_EVEN_HEURISTICS)(_bwd_dkdv_kernel)
@@ -546,19 +469,14 @@ def _noting(configs: list[triton.Config], which: str) -> list[triton.Config]:
     return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=note) for c in configs]
 
 
-def _autotune(kernel, configs, which: str, reset_to_zero=None):
-    return triton.autotune(_noting(configs, which), key=_KEY, reset_to_zero=reset_to_zero,
+def _autotune(kernel, configs, which: str):
+    return triton.autotune(_noting(configs, which), key=_KEY,
                            prune_configs_by={"early_config_prune": _pruner(which)})(kernel)
 
 
 _fwd_tuned = _autotune(_fwd, FWD_CONFIGS, "fwd")
 _dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv")
 _dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq")
-# the fused backward is the dK/dV kernel with FUSED_DQ (and DQ_TMA for fused_tma): its atomic adds
-# accumulate, so the tuner zeroes the dQ accumulator before each timed run and once more before the
-# launch that counts
-_fused_tuned = _autotune(_dkdv, FUSED_CONFIGS, "fused", reset_to_zero=["DQA"])
-_fused_tma_tuned = _autotune(_dkdv, FUSED_CONFIGS, "fused_tma", reset_to_zero=["DQA"])
 
 
 def _pow2_at_least(n: int) -> int:
@@ -634,16 +552,7 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 # (same or more configs to pick from). Non-causal tiles are all equal work, so order can only cost
 # locality there. The threshold sits between the two measured footprints.
 TILE_MAJOR_MAX_KV_BYTES = 96 * 2**20
-KERNELS = ("fwd", "dkdv", "dq", *FUSED_KERNELS)
-# The backward: "split" runs a dQ kernel (which also writes Delta) then a dK/dV kernel, seven dots per
-# tile pair, deterministic; "fused" runs Delta, then one dK/dV kernel that also adds dQ by atomics
-# (five dots), then a cast of dQ to its dtype; "fused_tma" is "fused" with each (BLOCK_M, d) add done
-# as one TMA bulk reduction (sm_90+, not in the interpreter). Summation order of the atomics varies:
-# dQ can differ in its last bits from run to run.
-BACKWARDS = ("split", *FUSED_KERNELS)
-# Below this many scores (batch x heads x n_q x n_k), "auto" takes the split backward: its two launches
-# cost less host time than the fused path's three, and small problems are bound by the host.
-FUSED_MIN_SCORES = 2**30
+KERNELS = ("fwd", "dkdv", "dq")
 
 
 @dataclass(frozen=True)
@@ -653,35 +562,28 @@ class LaunchOptions:
     autotune    False: each kernel takes the first config of its space that fits in shared memory
                 (much faster cold starts, e.g. for a test matrix of many shapes)
     tile_major  grid order (see _program_ids); None picks per call (_tile_major)
-    pinned      a fixed config per kernel name (fwd, dkdv, dq, fused) instead of autotuning; a config
-                that does not fit in shared memory fails at launch
-    backward    "split", "fused" or "fused_tma" (see BACKWARDS); None picks per call (_backward_kind)
+    pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
+                does not fit in shared memory fails at launch
     """
 
     autotune: bool = True
     tile_major: bool | None = None
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
-    backward: str | None = None
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
         unknown = set(self.pinned) - set(KERNELS)
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(KERNELS)}")
-        if self.backward is not None and self.backward not in BACKWARDS:
-            raise ValueError(f"backward must be one of {', '.join(BACKWARDS)} or None, got {self.backward!r}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
-        object.__setattr__(self, "key", (self.autotune, self.tile_major, pinned, self.backward))
+        object.__setattr__(self, "key", (self.autotune, self.tile_major, pinned))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
-_SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS, "fused": FUSED_CONFIGS,
-           "fused_tma": FUSED_CONFIGS}
-_TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned, "fused": _fused_tuned,
-          "fused_tma": _fused_tma_tuned}
-_HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq, "fused": _dkdv, "fused_tma": _dkdv}
-_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel, "fused": _bwd_dkdv_kernel,
-        "fused_tma": _bwd_dkdv_kernel}
+_SPACES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
+_TUNED = {"fwd": _fwd_tuned, "dkdv": _dkdv_tuned, "dq": _dq_tuned}
+_HEURISTIC = {"fwd": _fwd, "dkdv": _dkdv, "dq": _dq}
+_JIT = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel}
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -712,17 +614,6 @@ def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool 
     if forced is not None:
         return bool(forced)
     return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
-
-
-def _backward_kind(on_gpu: bool, scores: int, options: LaunchOptions) -> str:
-    """options.backward if set; else "fused" on a GPU for problems of at least FUSED_MIN_SCORES `scores`
-    (batch x heads x n_q x n_k), unless torch.use_deterministic_algorithms is on (the fused dQ's atomics
-    are not deterministic). The interpreter takes "split" unless told otherwise."""
-    if options.backward is not None:
-        return options.backward
-    if not on_gpu or torch.are_deterministic_algorithms_enabled():
-        return "split"
-    return "fused" if scores >= FUSED_MIN_SCORES else "split"
 
 
 def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
@@ -779,11 +670,10 @@ class _KernelPlan:
                       *tensors, *self.fixed)
 
 
-def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, tiles: tuple[int, int] | None,
-                 grid, device: int, heuristics: Mapping = _EVEN_HEURISTICS):
+def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, tiles: tuple[int, int],
+                 grid, device: int):
     """A plan for `compiled` (launched first with runtime `args`, the leading `n_tensors` of them tensors,
-    on (BLOCK_M, BLOCK_N) `tiles`, or tiles given in `constexprs` when None; `heuristics` fill the
-    remaining constexprs), or None when this Triton's compiled kernel cannot be launched directly."""
+    on (BLOCK_M, BLOCK_N) `tiles`), or None when this Triton's compiled kernel cannot be launched directly."""
     from triton import knobs
 
     if compiled is None or not hasattr(compiled, "_init_handles"):
@@ -792,10 +682,8 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     if not all(hasattr(compiled, a) for a in ("__getitem__", "run", "function", "packed_metadata")):
         return None
     named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
-    named.update(constexprs)
-    if tiles is not None:
-        named.update(BLOCK_M=tiles[0], BLOCK_N=tiles[1])
-    named.update({name: rule(named) for name, rule in heuristics.items()})
+    named.update(constexprs, BLOCK_M=tiles[0], BLOCK_N=tiles[1])
+    named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items()})
     if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
         return None
     fixed = args[n_tensors:] + tuple(named[name] for name in jit_fn.arg_names[len(args):])
@@ -825,34 +713,6 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
     if tiles is None or not want_plan:  # None: the autotuner did not say which tiles it launched
         return None
     return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device())
-
-
-def _launch_plain(jit_fn, args: tuple, n_tensors: int, grid: tuple, constexprs: dict, q: torch.Tensor,
-                  want_plan: bool):
-    """Launch an untuned kernel (the fused backward's prep and cast) and return its plan when `want_plan`."""
-    compiled = jit_fn[grid](*args, **constexprs)
-    if not want_plan:
-        return None
-    return _kernel_plan(jit_fn, compiled, args, n_tensors, constexprs, None, grid, q.get_device(), heuristics={})
-
-
-def _rows_per_program(block_d: int) -> int:
-    """Rows per program of the prep and cast kernels: 8192 elements (64 floats a thread at 4 warps)."""
-    return max(16, 8192 // block_d)
-
-
-def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global scratch for kernels that build TMA descriptors in the kernel (128 bytes a program);
-    the caching allocator's blocks are 512-byte aligned."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_scratch_allocator() -> None:
-    """Give Triton an allocator for in-kernel descriptors unless this thread already has one."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
 
 
 def clear_launch_plans() -> None:
@@ -918,8 +778,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward kernels: split (dQ, which also writes Delta, then dK/dV) or fused (Delta, then
-    dK/dV with dQ by atomics, then dQ's cast); see BACKWARDS and LaunchOptions.backward.
+    """Run the two backward kernels (dQ, which also writes Delta, then dK/dV).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
@@ -947,59 +806,19 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     sm_scale = 1.0 / math.sqrt(d)
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
-    kind = _backward_kind(q.is_cuda, math.prod(q.shape[:-1]) * n_k, options)
-    if kind == "fused_tma" and not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
-        raise ValueError("backward='fused_tma' needs a CUDA GPU with TMA (compute capability 9.0 or newer); "
-                         "use 'fused' or 'split'")
 
+    # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     constexprs = _constexprs(is_causal, d, precision, tile_major)
-    dkdv_args = (q4, k4, v4, do4, lse, delta, dk4, dv4)  # + the dQ accumulator, then strides and scalars
-    dkdv_rest = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(do4), *_strides(dk4), *_strides(dv4),
-                 *common)
-    dkdv_grid = _grid(n_k, "BLOCK_N", Z * H, tile_major)
-    if kind in FUSED_KERNELS:
-        tma = kind == "fused_tma"
-        if tma:
-            _ensure_scratch_allocator()
-        block_d, rows = _block_d(d), _rows_per_program(_block_d(d))
-        dqa = torch.empty((Z * H, n_q, block_d), dtype=torch.float32, device=q.device)
-        small = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=rows)
-        rows_grid = (Z * H, triton.cdiv(n_q, rows))
-        prep = _launch_plain(_bwd_prep_kernel, (o4, do4, delta, dqa, *_strides(o4), *_strides(do4), H, n_q), 4,
-                             rows_grid, small, q, want_plan)
-        main = _launch(kind, (*dkdv_args, dqa, *dkdv_rest), 9, dkdv_grid,
-                       {**constexprs, "FUSED_DQ": True, "DQ_TMA": tma}, q, d, options, want_plan)
-        cast = _launch_plain(_bwd_dq_cast_kernel, (dqa, dq4, *_strides(dq4), H, n_q, sm_scale), 2,
-                             rows_grid, small, q, want_plan)
-        if prep is not None and main is not None and cast is not None:
-            shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape, dqa.shape), q.dtype, q.device
-
-            def plan(q, k, v, o, lse, do):
-                dq = torch.empty(shapes[0], dtype=dtype, device=device)
-                dk = torch.empty(shapes[1], dtype=dtype, device=device)
-                dv = torch.empty(shapes[2], dtype=dtype, device=device)
-                delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
-                dqa = torch.empty(shapes[4], dtype=torch.float32, device=device)
-                if tma:  # the allocator is per thread (a ContextVar), and autograd runs backward on its own
-                    _ensure_scratch_allocator()
-                prep(o, do, delta, dqa)
-                main(q, k, v, do, lse, delta, dk, dv, dqa)
-                cast(dqa, dq)
-                return dq, dk, dv
-            plan.kernels = (prep, main, cast)
-            _remember(key, plan)
-        return dq, dk, dv
-
-    # split: the dQ kernel runs first; besides dQ it writes Delta, which the dK/dV kernel reads
     dq_ = _launch("dq",
                   (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
                   _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
-    # the dK/dV kernel's dQ accumulator goes unused without FUSED_DQ: delta stands in for the pointer
-    dkdv = _launch("dkdv", (*dkdv_args, delta, *dkdv_rest), 9, dkdv_grid,
-                   {**constexprs, "FUSED_DQ": False, "DQ_TMA": False}, q, d, options, want_plan)
+    dkdv = _launch("dkdv",
+                   (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
+                    *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
+                   _grid(n_k, "BLOCK_N", Z * H, tile_major), constexprs, q, d, options, want_plan)
     if dkdv is not None and dq_ is not None:
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 
@@ -1009,7 +828,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
             delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
             dq_(q, k, v, o, do, lse, delta, dq)
-            dkdv(q, k, v, do, lse, delta, dk, dv, delta)
+            dkdv(q, k, v, do, lse, delta, dk, dv)
             return dq, dk, dv
         plan.kernels = (dq_, dkdv)
         _remember(key, plan)

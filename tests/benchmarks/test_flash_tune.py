@@ -13,12 +13,3 @@ def test_bad_shape_is_refused_naming_it(tmp_path, capsys, shape):
     assert exc.value.code == 2
     assert f"shape {shape!r}" in capsys.readouterr().err
     assert not (tmp_path / "t.jsonl").exists()
-
-
-def test_the_fused_kernels_space_keeps_the_diagonal_aligned():
-    # the fused backward is the dK/dV kernel: query tiles (BLOCK_M) must divide key tiles (BLOCK_N)
-    from benchmarks.flash_tune import space
-
-    fused = space("fused")
-    assert fused == space("dkdv") and fused
-    assert all(bn % bm == 0 for bm, bn, _, _ in fused)

@@ -215,68 +215,6 @@ def test_launch_options_reject_an_unknown_kernel_and_pick_the_pinned_config():
     assert ft.DEFAULT_OPTIONS.pinned == {}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape_q,shape_k", [((2, 2, 70, 32), (2, 2, 70, 32)), ((1, 3, 45, 24), (1, 3, 45, 24)),
-                                             ((2, 33, 16), (2, 100, 16)), ((2, 100, 16), (2, 33, 16))])
-def test_fused_backward_is_right_row_by_row(causal, dtype, shape_q, shape_k):
-    # dQ by atomic adds from the dK/dV kernel: ragged query and key tiles, a padded head dim (24),
-    # more keys than queries and fewer; every row of every gradient against float64
-    import kernels.flash_triton as ft
-
-    _check(with_options(ft.LaunchOptions(backward="fused")), shape_q, shape_k, causal, dtype)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_fused_and_split_backward_agree_to_rounding(causal):
-    # the same gradients from five dots and atomics as from seven dots: dK and dV are computed the same
-    # way (bit-identical), dQ in another summation order
-    import kernels.flash_triton as ft
-
-    q, k, v, do = _inputs((2, 2, 77, 32), (2, 2, 77, 32))
-    split = _run(with_options(ft.LaunchOptions(backward="split")), q, k, v, do, causal, torch.float32)
-    fused = _run(with_options(ft.LaunchOptions(backward="fused")), q, k, v, do, causal, torch.float32)
-    assert torch.equal(split[0], fused[0])
-    # on a GPU the two kernels may be tuned to different tiles (another summation order) and run TF32
-    tol = dict(rtol=2e-3, atol=1e-4) if HAS_CUDA else dict(rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(fused[2], split[2], **tol)
-    for got, want in zip(fused[3:], split[3:], strict=True):
-        if HAS_CUDA:
-            torch.testing.assert_close(got, want, **tol)
-        else:
-            assert torch.equal(got, want)
-
-
-def test_backward_kind_policy():
-    import kernels.flash_triton as ft
-
-    auto, big = ft.DEFAULT_OPTIONS, ft.FUSED_MIN_SCORES
-    assert auto.backward is None
-    assert ft._backward_kind(True, big, auto) == "fused"
-    assert ft._backward_kind(True, big - 1, auto) == "split"       # small: fewer launches win
-    assert ft._backward_kind(False, big, auto) == "split"          # the interpreter
-    assert ft._backward_kind(False, 1, ft.LaunchOptions(backward="fused")) == "fused"  # an explicit choice wins
-    torch.use_deterministic_algorithms(True)
-    try:
-        assert ft._backward_kind(True, big, auto) == "split"       # atomics are not deterministic
-    finally:
-        torch.use_deterministic_algorithms(False)
-    with pytest.raises(ValueError, match="backward must be one of split, fused"):
-        ft.LaunchOptions(backward="atomic")
-    assert ft.LaunchOptions(backward="fused").key != ft.LaunchOptions(backward="split").key != auto.key
-
-
-@pytest.mark.skipif(HAS_CUDA, reason="the error is for devices without TMA; a GPU runs fused_tma")
-def test_fused_tma_backward_without_tma_is_a_clear_error():
-    # TMA bulk reductions need sm_90+ (and the interpreter has none): asking for them elsewhere names why
-    import kernels.flash_triton as ft
-
-    q, k, v, do = (t.float() for t in _inputs((1, 2, 40, 16), (1, 2, 40, 16)))
-    out, lse = flash_attention_forward(q, k, v, True)
-    with pytest.raises(ValueError, match="fused_tma.*compute capability 9.0"):
-        ft.flash_attention_backward(q, k, v, out, lse, do, True, options=ft.LaunchOptions(backward="fused_tma"))
-
-
 def test_worst_row_err_catches_one_wrong_row():
     # the check the per-row asserts rely on: one zeroed row of 4097 barely moves the whole-tensor error
     ref = torch.randn(2, 4097, 64, dtype=torch.float64)
@@ -374,24 +312,9 @@ def test_gpu_matrix(fixed_tiles, causal, dtype, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backward", ["fused", "fused_tma"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", [(2, 4, 4097, 64), (1, 2, 1000, 128), (3, 17, 16), (1, 1, 300, 256)])
-def test_gpu_fused_backward_matrix(causal, dtype, shape, backward):
-    import kernels.flash_triton as ft
-
-    _check(with_options(ft.LaunchOptions(autotune=False, backward=backward)), shape, shape, causal, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("backward", ["split", "fused", "fused_tma"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_gpu_long_bf16(causal, backward):
-    import kernels.flash_triton as ft
-
-    _check(with_options(ft.LaunchOptions(backward=backward)), (1, 2, 16384, 64), (1, 2, 16384, 64), causal,
-           torch.bfloat16)
+def test_gpu_long_bf16(causal):
+    _check(FlashAttentionTriton, (1, 2, 16384, 64), (1, 2, 16384, 64), causal, torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -410,15 +333,14 @@ def test_gpu_fp32_ieee_is_tight(fixed_tiles):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("which", ["fwd", "dkdv", "dq", "fused", "fused_tma"])
+@pytest.mark.parametrize("which", ["fwd", "dkdv", "dq"])
 def test_gpu_every_shipped_config_is_within_tolerance_on_ragged_tiles(which):
     # autotuning may pick any config of a space on some shape: each must be right on ragged tiles
     import kernels.flash_triton as ft
 
-    space = ft._SPACES[which]
-    backward = which if which in ft.FUSED_KERNELS else "split"
+    space = {"fwd": ft.FWD_CONFIGS, "dkdv": ft.DKDV_CONFIGS, "dq": ft.DQ_CONFIGS}[which]
     for cfg in space:
-        pinned = with_options(ft.LaunchOptions(pinned={which: cfg}, backward=backward))
+        pinned = with_options(ft.LaunchOptions(pinned={which: cfg}))
         _check(pinned, (2, 2, 1000, 64), (2, 2, 1000, 64), True, torch.bfloat16)
         _check(pinned, (1, 2, 333, 128), (1, 2, 333, 128), False, torch.float16)
 
@@ -450,34 +372,23 @@ def test_gpu_fp32_tf32x3_is_near_fp32(fixed_tiles):
     assert errs["tf32x3"] < 1e-4 < errs["tf32"], errs
 
 
-def _same_gradients(got, want, backward: str):
-    """Outputs and gradients of two runs of one kernel path: bit-identical, except the fused backward's dQ,
-    whose atomic adds land in another order run to run (equal to bf16 rounding)."""
-    for i, (a, b) in enumerate(zip(got[:1] + got[2:], want[:1] + want[2:], strict=True)):
-        if backward.startswith("fused") and i == 1:
-            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
-        else:
-            assert torch.equal(a, b)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("backward", ["split", "fused", "fused_tma"])
 @pytest.mark.parametrize("shape,causal", [((1, 16, 128, 64), True), ((2, 4, 1000, 128), False)])
-def test_gpu_launch_plan_replays_the_first_call(shape, causal, backward):
+def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
     # the first call of a signature goes through Triton and records a plan; later calls launch the
-    # compiled kernels directly. Same inputs must give the same outputs and gradients.
+    # compiled kernels directly. Same inputs must give bit-identical outputs and gradients.
     import kernels.flash_triton as ft
 
     ft.clear_launch_plans()
-    impl = with_options(ft.LaunchOptions(backward=backward))
     q, k, v, do = _inputs(shape, shape, seed=3)
-    first = _run(impl, q, k, v, do, causal, torch.bfloat16)
+    first = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
     assert {key[0] for key in ft._PLANS} == {"fwd", "bwd"}  # both directions planned
-    assert [len(p.kernels) for key, p in ft._PLANS.items() if key[0] == "bwd"] == [2 if backward == "split" else 3]
     # with no Triton launch hooks installed, every kernel launches through the direct path
     assert all(isinstance(kernel, ft._KernelPlan) for plan in ft._PLANS.values() for kernel in plan.kernels)
     for _ in range(2):
-        _same_gradients(_run(impl, q, k, v, do, causal, torch.bfloat16), first, backward)
+        again = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
+        for a, b in zip(first[:1] + first[2:], again[:1] + again[2:], strict=True):
+            assert torch.equal(a, b)
     # a plan skips the input checks, so inputs that differ only in what the checks look at must miss it
     qc, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
     with pytest.raises(TypeError, match="share a dtype"):
@@ -488,18 +399,14 @@ def test_gpu_launch_plan_replays_the_first_call(shape, causal, backward):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backward", ["split", "fused", "fused_tma"])
-def test_gpu_forward_and_backward_capture_into_a_cuda_graph(backward):
-    import kernels.flash_triton as ft
-
-    impl = with_options(ft.LaunchOptions(backward=backward))
+def test_gpu_forward_and_backward_capture_into_a_cuda_graph():
     shape = (2, 8, 512, 64)
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
 
     def step():
         q.grad = k.grad = v.grad = None
-        out = impl.apply(q, k, v, True)
+        out = FlashAttentionTriton.apply(q, k, v, True)
         out.backward(do)
         return out
 
@@ -519,9 +426,11 @@ def test_gpu_forward_and_backward_capture_into_a_cuda_graph(backward):
             q.copy_(nq), k.copy_(nk), v.copy_(nv), do.copy_(ndo)
         graph.replay()
         torch.cuda.synchronize()
-        want = _run(impl, nq.double().cpu(), nk.double().cpu(), nv.double().cpu(), ndo.double().cpu(), True,
-                    torch.bfloat16)
-        _same_gradients([static_out, None, *static_grads], want, backward)
+        want = _run(FlashAttentionTriton, nq.double().cpu(), nk.double().cpu(), nv.double().cpu(),
+                    ndo.double().cpu(), True, torch.bfloat16)
+        assert torch.equal(static_out, want[0])
+        for got, ref in zip(static_grads, want[2:], strict=True):
+            assert torch.equal(got, ref)
 
 
 @pytest.mark.gpu
@@ -578,13 +487,6 @@ def test_a_kernel_plan_hands_the_compiled_launcher_new_tensors_and_the_fixed_res
     q2, o2 = torch.ones(1), torch.ones(1)
     plan(q2, o2)
     assert calls[-1] == ("direct", (2, 3, 1, "stream5", "fn", "meta", None, None, None, q2, o2, *fixed))
-
-    # an untuned kernel (the fused backward's prep and cast): tiles come in the constexprs, no heuristics
-    plain = SimpleNamespace(arg_names=["O", "n_q", "HEAD_DIM", "BLOCK_M"])
-    plan = ft._kernel_plan(plain, Compiled(), (o, 100), 1, {"HEAD_DIM": 64, "BLOCK_M": 128}, None, (3, 1), 5,
-                           heuristics={})
-    plan(o2)
-    assert calls[-1] == ("direct", (3, 1, 1, "stream5", "fn", "meta", None, None, None, o2, 100, 64, 128))
 
     hook = lambda *a: None  # noqa: E731 (a profiler's launch hook)
     knobs.runtime.launch_enter_hook.add(hook)
