@@ -206,8 +206,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
         if MASKED:  # causal diagonal: key j is seen by query i only when j <= i
             pt = tl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dpt = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        dst = pt * (dpt - delta[None, :])
+        # dP^T - Delta in the dot: its accumulator starts at -Delta instead of 0, one subtract per score less
+        dpt = tl.dot(v, tl.trans(do), tl.broadcast_to(-delta[None, :], pt.shape), input_precision=INPUT_PRECISION)
+        dst = pt * dpt
         dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=INPUT_PRECISION)
     return dk, dv
 
@@ -310,8 +311,8 @@ def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
             if IS_CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, vt, input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])
+        dp = tl.dot(do, vt, tl.broadcast_to(-delta[:, None], p.shape), input_precision=INPUT_PRECISION)  # dP - Delta
+        ds = p * dp
         dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=INPUT_PRECISION)
     return dq
 
