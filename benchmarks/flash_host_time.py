@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=30, help="CUDA-event samples per GPU-time measurement")
     ap.add_argument("--leaderboard", action="store_true")
     ap.add_argument("--leaderboard-rep-ms", type=int, default=2000)
+    ap.add_argument("--leaderboard-only", action="store_true", help="time the leaderboard shape and nothing else")
     ap.add_argument("--parts", action="store_true",
                     help="time each piece of the launch path on one shape (and cProfile the backward) instead")
     ap.add_argument("--commit", default=None)
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = implementations(baseline)
     report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds,
               "samples": args.samples, "calls": args.calls, "cells": []}
-    for shape, causal in SHAPES:
+    for shape, causal in [] if args.leaderboard_only else SHAPES:
         cell = measure_cell(impls, shape, causal, args.rounds, args.calls, args.repeats, args.samples)
         report["cells"].append(cell)
         brief = {n: (r.get("fwd_host_us_median"), r.get("fwd_bwd_host_us_median"), r.get("fwd_bwd_gpu_ms_median"))
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"shape": shape, "causal": causal, "fwd_us/fwd_bwd_us/fwd_bwd_gpu_ms": brief,
                           "fwd_bwd_host_vs_sdpa_flash": ratios}), file=sys.stderr, flush=True)
         _write(args.out, report)  # after every cell: a run stopped by its time limit keeps what it finished
-    if args.leaderboard:
+    if args.leaderboard or args.leaderboard_only:
         report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms)
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
     return _write(args.out, report)
