@@ -36,6 +36,15 @@ def load_module(path: Path, name: str = "flash_baseline"):
     return module
 
 
+def record_cell(report: dict, cell: dict, out: Path) -> None:
+    """Add a cell to the report, print it, and write the whole report: a run cut by its time limit
+    keeps every cell it finished."""
+    report["cells"].append(cell)
+    print(json.dumps(cell), file=sys.stderr, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     """"16,16384,64,causal" -> ((16, 16384, 64), True): 3 or 4 sizes, then optionally "causal"."""
     parts = [x.strip() for x in text.split(",") if x.strip()]
@@ -157,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.sdpa:  # > 1: the current version is faster than that backend
             cell[f"sdpa_{backend}_ms"] = ms[f"sdpa_{backend}"]
             cell[f"speedup_vs_sdpa_{backend}"] = min(ms[f"sdpa_{backend}"]) / min(ms["current"])
-        report["cells"].append(cell)
-        print(json.dumps(cell), file=sys.stderr, flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")  # after every cell: a cut run keeps its cells
+        record_cell(report, cell, args.out)
     return 0
 
 
