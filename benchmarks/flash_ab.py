@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
               "baseline_options": args.baseline_options, "sdpa": args.sdpa, "pass": args.which,
               "rounds": args.rounds, "cells": []}
+    # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, current.LaunchOptions(**args.options)),
                 "baseline": (base, base.LaunchOptions(**args.baseline_options) if args.baseline_options else None)}
     for shape, causal in args.shape or SHAPES:
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
         calls = {}
         for name, (mod, opts) in versions.items():
-            saved = mod.flash_attention_forward(q, k, v, causal, **({"options": opts} if opts else {}))
+            saved = _call(mod, "fwd", q, k, v, do, causal, None, None, options=opts)()
             calls[name] = _call(mod, args.which, q, k, v, do, causal, *saved, options=opts)
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, args.which, q, k, v, do, causal)

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.flash_ab import load_module, parse_shape, record_cell
-from kernels.names import DTYPES
+from kernels.names import DTYPES, torch_dtype
 
 SHAPES = [((1, 4, 2048, 64), True), ((2, 4, 1000, 128), False), ((1, 4, 4097, 64), True)]
 
@@ -59,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from kernels import flash_triton as current
-    from kernels.names import torch_dtype
     from worker.harness import fingerprint
 
     versions = {"current": current, "baseline": load_module(args.baseline)}
