@@ -39,6 +39,19 @@ def space(kernel: str) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def parse_pin(text: str) -> tuple[str, tuple[int, int, int, int]]:
+    """"dkdv=32,64,4,3" -> ("dkdv", (32, 64, 4, 3)): a kernel name and its (BLOCK_M, BLOCK_N, warps, stages)."""
+    name, _, cfg_text = text.partition("=")
+    try:
+        cfg = tuple(int(x) for x in cfg_text.split(","))
+    except ValueError:
+        cfg = ()
+    if name not in KERNELS or len(cfg) != 4 or min(cfg) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"pin {text!r}: expected KERNEL=BM,BN,WARPS,STAGES with KERNEL one of {', '.join(KERNELS)}")
+    return name, cfg
+
+
 def _inputs(shape, dtype_name: str, seed: int = 0):
     import torch
 
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
-    ap.add_argument("--pin", action="append", default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
+    ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
                     help="take this config for KERNEL instead of sweeping it (repeatable)")
     args = ap.parse_args(argv)
 
@@ -121,14 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if k not in KERNELS:
             ap.error(f"unknown kernel {k!r}; choose from {', '.join(KERNELS)}")
     best: dict[str, tuple[float, tuple]] = {}
-    for pin in args.pin:
-        name, _, cfg_text = pin.partition("=")
-        try:
-            cfg = tuple(int(x) for x in cfg_text.split(","))
-        except ValueError:
-            cfg = ()
-        if name not in KERNELS or len(cfg) != 4:
-            ap.error(f"--pin {pin!r}: expected KERNEL=BM,BN,WARPS,STAGES with KERNEL one of {', '.join(KERNELS)}")
+    for name, cfg in args.pin:
         best[name] = (0.0, cfg)
     kernels = [k for k in kernels if k not in best]
     d = shape[-1]
