@@ -56,6 +56,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
 
 
 BOOL_OPTIONS = ("tile_major", "autotune")
+KERNELS = ("fwd", "dkdv", "dq")  # the names LaunchOptions.pinned takes
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
@@ -73,12 +74,32 @@ def parse_options(text: str) -> dict:
     return out
 
 
+def parse_pin(text: str) -> tuple[str, tuple[int, ...]]:
+    """"dkdv=32,64,4,3" -> ("dkdv", (32, 64, 4, 3)): a kernel name and its (BLOCK_M, BLOCK_N, warps, stages),
+    optionally a fifth number, the register cap (make_config's maxnreg)."""
+    name, _, cfg_text = text.partition("=")
+    try:
+        cfg = tuple(int(x) for x in cfg_text.split(","))
+    except ValueError:
+        cfg = ()
+    if name not in KERNELS or len(cfg) not in (4, 5) or min(cfg) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"pin {text!r}: expected KERNEL=BM,BN,WARPS,STAGES[,MAXNREG] with KERNEL one of {', '.join(KERNELS)}")
+    return name, cfg
+
+
 def parse_sdpa(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [n for n in names if n not in SDPA_BACKENDS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"--sdpa {text!r}: choose from {', '.join(SDPA_BACKENDS)}")
     return names
+
+
+def _launch_options(mod, options: dict):
+    """A version's LaunchOptions from parsed options, pins ({kernel: numbers}) made into its own configs."""
+    pinned = {name: mod.make_config(*cfg) for name, cfg in options.get("pinned", {}).items()}
+    return mod.LaunchOptions(**{**options, "pinned": pinned})
 
 
 def _call(mod, which: str, q, k, v, do, causal: bool, out, lse, options=None):
@@ -117,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"LaunchOptions of the current version ({', '.join(BOOL_OPTIONS)})")
     ap.add_argument("--baseline-options", type=parse_options, default={}, metavar="NAME=VALUE,...",
                     help="LaunchOptions of the baseline")
+    ap.add_argument("--pin", action="append", type=parse_pin, default=[],
+                    metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
+                    help="a fixed config for one kernel of the current version (repeatable)")
+    ap.add_argument("--baseline-pin", action="append", type=parse_pin, default=[],
+                    metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]", help="the same for the baseline")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
                     help="SDPA backends to time in the same rotation")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
@@ -129,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd",
                     help="time the forward launcher, or the backward launcher on each version's own forward outputs")
     args = ap.parse_args(argv)
+    if args.pin:
+        args.options["pinned"] = dict(args.pin)
+    if args.baseline_pin:
+        args.baseline_options["pinned"] = dict(args.baseline_pin)
     if args.baseline is None and args.options == args.baseline_options:
-        ap.error("nothing to compare: give --baseline FILE, or --options that differ from --baseline-options")
+        ap.error("nothing to compare: give --baseline FILE, or --options (or --pin) that differ from the baseline's")
 
     import torch
 
@@ -143,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
               "baseline_options": args.baseline_options, "sdpa": args.sdpa, "pass": args.which,
               "rounds": args.rounds, "cells": []}
     # a baseline given no options is called without any: an older file may not take them
-    versions = {"current": (current, current.LaunchOptions(**args.options)),
-                "baseline": (base, base.LaunchOptions(**args.baseline_options) if args.baseline_options else None)}
+    versions = {"current": (current, _launch_options(current, args.options)),
+                "baseline": (base, _launch_options(base, args.baseline_options) if args.baseline_options else None)}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))

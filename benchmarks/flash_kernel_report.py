@@ -16,8 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.flash_ab import parse_shape
-from benchmarks.flash_tune import parse_pin
+from benchmarks.flash_ab import parse_pin, parse_shape
 from kernels.names import DTYPES, torch_dtype
 
 
@@ -45,14 +44,15 @@ def describe(compiled, named: dict) -> dict:
     meta = compiled.metadata
     return {"BLOCK_M": named.get("BLOCK_M"), "BLOCK_N": named.get("BLOCK_N"), "num_warps": meta.num_warps,
             "num_stages": meta.num_stages, "shared_bytes": meta.shared, "registers": compiled.n_regs,
-            "spills": compiled.n_spills}
+            "spills": compiled.n_spills, "maxnreg": getattr(meta, "maxnreg", None)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", type=parse_shape, default=((16, 16384, 64), True), metavar="B,H,S,D[,causal]")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
+    ap.add_argument("--pin", action="append", type=parse_pin, default=[],
+                    metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
                     help="a fixed config for fwd, dkdv or dq instead of autotuning (repeatable)")
     ap.add_argument("--ir", action="store_true", help="write each kernel's TTGIR and PTX under --out")
     ap.add_argument("--profile", action="store_true",

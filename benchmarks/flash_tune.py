@@ -20,10 +20,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.flash_ab import parse_shape
+from benchmarks.flash_ab import KERNELS, parse_pin, parse_shape
 from kernels.names import torch_dtype
-
-KERNELS = ("fwd", "dkdv", "dq")
 
 
 def space(kernel: str) -> list[tuple[int, int, int, int]]:
@@ -37,19 +35,6 @@ def space(kernel: str) -> list[tuple[int, int, int, int]]:
         if ok and not (w == 8 and bm * bn < 64 * 64) and not (bm == 256 and w == 4):
             out.append((bm, bn, w, st))
     return out
-
-
-def parse_pin(text: str) -> tuple[str, tuple[int, int, int, int]]:
-    """"dkdv=32,64,4,3" -> ("dkdv", (32, 64, 4, 3)): a kernel name and its (BLOCK_M, BLOCK_N, warps, stages)."""
-    name, _, cfg_text = text.partition("=")
-    try:
-        cfg = tuple(int(x) for x in cfg_text.split(","))
-    except ValueError:
-        cfg = ()
-    if name not in KERNELS or len(cfg) != 4 or min(cfg) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"pin {text!r}: expected KERNEL=BM,BN,WARPS,STAGES with KERNEL one of {', '.join(KERNELS)}")
-    return name, cfg
 
 
 def _inputs(shape, dtype_name: str, seed: int = 0):
@@ -117,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
-    ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
+    ap.add_argument("--pin", action="append", type=parse_pin, default=[],
+                    metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
                     help="take this config for KERNEL instead of sweeping it (repeatable)")
     args = ap.parse_args(argv)
 

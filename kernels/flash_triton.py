@@ -408,9 +408,10 @@ _EVEN_HEURISTICS = {
 _KEY = ["HEAD_DIM", "IS_CAUSAL", "seq_bucket", "INPUT_PRECISION"]
 
 
-def make_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
-    """A tile config: BLOCK_M x BLOCK_N tiles, `warps` warps, `stages` pipeline stages."""
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+def make_config(bm: int, bn: int, warps: int, stages: int, maxnreg: int | None = None) -> triton.Config:
+    """A tile config: BLOCK_M x BLOCK_N tiles, `warps` warps, `stages` pipeline stages, and optionally a
+    cap on registers per thread (fewer registers, more programs resident per SM; ptxas spills past it)."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
 
 
 # The first config of each space is the d=64 winner of the tile search on the H200
@@ -469,7 +470,8 @@ _LAST_TUNED: dict[str, tuple[int, int]] = {}
 def _noting(configs: list[triton.Config], which: str) -> list[triton.Config]:
     def note(nargs, which=which):
         _LAST_TUNED[which] = (nargs["BLOCK_M"], nargs["BLOCK_N"])
-    return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=note) for c in configs]
+    return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg, pre_hook=note)
+            for c in configs]
 
 
 def _autotune(kernel, configs, which: str):
@@ -603,7 +605,10 @@ def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, opt
             return _TUNED[which], {}
         if cfg is None:
             cfg = _pruner(which)(_SPACES[which], {"Q": q}, HEAD_DIM=head_dim)[0]
-        return kernel_fixed, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        launch = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        if cfg.maxnreg is not None:
+            launch["maxnreg"] = cfg.maxnreg
+        return kernel_fixed, launch
     bm, bn = CPU_CONFIG[which]
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
 

@@ -4,7 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.flash_ab import _call, load_module, main, parse_options, parse_sdpa, parse_shape
+from benchmarks.flash_ab import (
+    _call,
+    _launch_options,
+    load_module,
+    main,
+    parse_options,
+    parse_pin,
+    parse_sdpa,
+    parse_shape,
+)
 
 
 def test_loads_a_flash_module_from_a_path():
@@ -73,3 +82,24 @@ def test_a_comparison_of_the_tree_with_itself_is_refused(tmp_path, capsys):
     assert exc.value.code == 2
     assert "nothing to compare" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_pin_parses_into_a_kernel_and_its_config():
+    assert parse_pin("dkdv=32,64,4,3") == ("dkdv", (32, 64, 4, 3))
+    assert parse_pin("dq=128,64,4,3,168") == ("dq", (128, 64, 4, 3, 168))
+
+
+@pytest.mark.parametrize("bad", ["dkdv=32,64,4", "dkdv=32,64,4,3,128,1", "bwd=32,64,4,3", "dq=a,b,c,d", "fwd",
+                                 "fwd=0,64,4,3"])
+def test_a_bad_pin_is_named(bad):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected KERNEL=BM,BN,WARPS,STAGES"):
+        parse_pin(bad)
+
+
+def test_pins_become_the_versions_own_configs_with_their_register_cap():
+    from kernels import flash_triton as ft
+
+    opts = _launch_options(ft, {"tile_major": True, "pinned": {"dkdv": (32, 64, 4, 3, 128), "dq": (128, 64, 4, 3)}})
+    assert opts.tile_major is True
+    assert opts.pinned["dkdv"].kwargs == {"BLOCK_M": 32, "BLOCK_N": 64} and opts.pinned["dkdv"].maxnreg == 128
+    assert opts.pinned["dq"].num_warps == 4 and opts.pinned["dq"].maxnreg is None

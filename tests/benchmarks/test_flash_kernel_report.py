@@ -1,20 +1,7 @@
-"""The kernel report's arguments: pins parse into (kernel, config) and a bad one is named."""
-import argparse
-
+"""The kernel report refuses to run without a GPU (it reads compiled kernels) and writes nothing."""
 import pytest
 
 from benchmarks.flash_kernel_report import main
-from benchmarks.flash_tune import parse_pin
-
-
-def test_a_pin_parses_into_a_kernel_and_its_config():
-    assert parse_pin("dkdv=32,64,4,3") == ("dkdv", (32, 64, 4, 3))
-
-
-@pytest.mark.parametrize("bad", ["dkdv=32,64,4", "bwd=32,64,4,3", "dq=a,b,c,d", "fwd", "fwd=0,64,4,3"])
-def test_a_bad_pin_is_named(bad):
-    with pytest.raises(argparse.ArgumentTypeError, match="expected KERNEL=BM,BN,WARPS,STAGES"):
-        parse_pin(bad)
 
 
 def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, capsys):

@@ -282,6 +282,16 @@ def test_launch_plan_signature_tells_misaligned_views_apart():
     assert ft._signature(x.transpose(1, 2)) != ft._signature(x.transpose(1, 2).contiguous())
     assert ft._signature(x) != ft._signature(x.double())  # a plan skips the input checks: dtype is in the key
     assert ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)}).key != ft.DEFAULT_OPTIONS.key
+    capped = ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2, maxnreg=128)})
+    assert capped.key != ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)}).key
+
+
+def test_a_register_cap_survives_the_autotuners_config_copies():
+    import kernels.flash_triton as ft
+
+    copied = ft._noting([ft.make_config(32, 64, 4, 3, maxnreg=128), ft.make_config(32, 64, 4, 3)], "dkdv")
+    assert [c.maxnreg for c in copied] == [128, None]
+    assert copied[0].kwargs == {"BLOCK_M": 32, "BLOCK_N": 64} and copied[0].pre_hook is not None
 
 
 def test_the_launchers_power_of_two_is_tritons():
