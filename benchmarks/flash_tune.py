@@ -37,6 +37,17 @@ def space(kernel: str) -> list[tuple[int, int, int, int]]:
     return out
 
 
+def parse_caps(text: str) -> list[int | None]:
+    """"0,128,168" -> [None, 128, 168]: register caps per thread to sweep, 0 meaning no cap."""
+    try:
+        caps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        caps = []
+    if not caps or any(c != 0 and not 24 <= c <= 255 for c in caps):
+        raise argparse.ArgumentTypeError(f"--maxnreg {text!r}: want comma-separated caps in 24..255, or 0 for none")
+    return [c or None for c in dict.fromkeys(caps)]
+
+
 def _inputs(shape, dtype_name: str, seed: int = 0):
     import torch
 
@@ -102,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--maxnreg", type=parse_caps, default=[None], metavar="CAP,...",
+                    help="register caps to try with every config, 0 for none (default: none): e.g. 0,128,168")
     ap.add_argument("--pin", action="append", type=parse_pin, default=[],
                     metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
                     help="take this config for KERNEL instead of sweeping it (repeatable)")
@@ -129,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in kernels:
         for cfg in space(k):
             if ft.smem_estimate(ft.make_config(*cfg), d, elem, k) <= ft.SMEM_BUDGET:
-                jobs.append((k, cfg, shape, args.causal, args.dtype))
+                jobs.extend((k, cfg if cap is None else (*cfg, cap), shape, args.causal, args.dtype)
+                            for cap in args.maxnreg)
     print(f"{len(jobs)} configs to compile with {args.jobs} processes", flush=True)
 
     failed: dict[tuple, str] = {}
@@ -155,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write(json.dumps(head) + "\n")
         for k, cfg, *_ in jobs:
             row = {"kind": "config", "kernel": k, "BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "warps": cfg[2],
-                   "stages": cfg[3]}
+                   "stages": cfg[3], "maxnreg": cfg[4] if len(cfg) > 4 else None}
             if (k, cfg) in failed:
                 row["error"] = failed[(k, cfg)]
             else:
