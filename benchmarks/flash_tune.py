@@ -77,11 +77,16 @@ def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str)
     return run
 
 
-def _base_pins():
-    """The fixed config held by the kernels not being swept: the first of each shipped space."""
+def _base_pins(head_dim: int, dtype_name: str):
+    """The fixed config held by the kernels not being swept: the first of each shipped space that
+    the launcher's pruning keeps for this head dim and dtype (what autotune=False would launch)."""
+    import torch
+
     from kernels import flash_triton as ft
 
-    return {"fwd": ft.FWD_CONFIGS[0], "dkdv": ft.DKDV_CONFIGS[0], "dq": ft.DQ_CONFIGS[0]}
+    q = torch.empty(0, dtype=torch_dtype(dtype_name))
+    return {name: ft._pruner(name)(space, {"Q": q}, HEAD_DIM=head_dim)[0]
+            for name, space in (("fwd", ft.FWD_CONFIGS), ("dkdv", ft.DKDV_CONFIGS), ("dq", ft.DQ_CONFIGS))}
 
 
 def _short_error(exc: Exception) -> str:
@@ -94,7 +99,7 @@ def _compile_one(job) -> tuple[str, tuple, str | None]:
     import torch
 
     try:
-        _pass_fn(kernel, cfg, _base_pins(), shape, causal, dtype_name)()
+        _pass_fn(kernel, cfg, _base_pins(shape[-1], dtype_name), shape, causal, dtype_name)()
         torch.cuda.synchronize()
         return kernel, cfg, None
     except Exception as exc:  # noqa: BLE001 - a config that fails to compile is a recorded result
@@ -160,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     flops = {"fwd": attention_flops(b, h, s, s, d, args.causal, "fwd"),
              "bwd": attention_flops(b, h, s, s, d, args.causal, "bwd"),
              "fwd_bwd": attention_flops(b, h, s, s, d, args.causal, "fwd_bwd")}
-    base = _base_pins()
+    base = _base_pins(d, args.dtype)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
         head = {"kind": "env", **fingerprint(args.commit), "shape": list(shape), "causal": args.causal,
-                "dtype": args.dtype, "base": {n: [c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages]
-                                             for n, c in base.items()}}
+                "dtype": args.dtype, "base": {n: [c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
+                                                  c.maxnreg] for n, c in base.items()}}
         f.write(json.dumps(head) + "\n")
         for k, cfg, *_ in jobs:
             row = {"kind": "config", "kernel": k, "BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "warps": cfg[2],

@@ -418,14 +418,18 @@ def make_config(bm: int, bn: int, warps: int, stages: int, maxnreg: int | None =
 # (benchmarks/flash_tune.py, docs/results/h200/flash_tune_*.jsonl); the next ones are the
 # d=128 winners and the configs autotuning picked on the main grid before that search, plus small
 # tiles for short sequences and small head dims. At most 7 per kernel: a cold key tunes in seconds.
+# dK/dV's d=64 winner caps registers at 128 per thread: two programs of 8 warps fit on an SM instead
+# of one (docs/results/h200/flash_regcap/). Capped configs are pruned where a head row is wider than
+# REG_CAP_MAX_ROW_BYTES: at d=128 the same caps spill and ran 2x slower.
 FWD_CONFIGS = [make_config(*c) for c in ((128, 64, 8, 3), (64, 64, 4, 3), (256, 64, 8, 3), (128, 64, 4, 3),
                                             (128, 128, 8, 3), (64, 32, 4, 2))]
-DKDV_CONFIGS = [make_config(*c) for c in ((32, 64, 4, 3), (64, 128, 8, 4), (64, 128, 8, 3), (32, 128, 4, 3),
-                                             (32, 128, 4, 4), (64, 64, 4, 2), (16, 64, 4, 2))]
+DKDV_CONFIGS = [make_config(*c) for c in ((32, 128, 8, 3, 128), (64, 64, 4, 2), (32, 64, 4, 3, 128),
+                                             (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 4, 3), (16, 64, 4, 2))]
 DQ_CONFIGS = [make_config(*c) for c in ((128, 64, 4, 3), (128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 3),
                                            (64, 32, 4, 3), (64, 64, 4, 2), (64, 16, 4, 2))]
 
 SMEM_BUDGET = 200 * 1024  # bytes; the H100/H200 give a block up to 227 KiB of shared memory
+REG_CAP_MAX_ROW_BYTES = 128  # a register-capped config is a candidate only up to d=64 at 16-bit (d=32 at fp32)
 
 
 def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> int:
@@ -447,6 +451,8 @@ def _pruner(kernel: str):
     def prune(configs, named_args, **kwargs):
         head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
         elem = named_args["Q"].element_size()
+        if _block_d(head_dim) * elem > REG_CAP_MAX_ROW_BYTES:
+            configs = [c for c in configs if c.maxnreg is None] or configs
         fit = [c for c in configs if smem_estimate(c, head_dim, elem, kernel) <= SMEM_BUDGET]
         if fit:
             return fit

@@ -286,6 +286,18 @@ def test_launch_plan_signature_tells_misaligned_views_apart():
     assert capped.key != ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)}).key
 
 
+@pytest.mark.parametrize(("head_dim", "dtype", "capped_kept"), [(64, torch.bfloat16, True), (32, torch.float32, True),
+                                                                 (128, torch.bfloat16, False),
+                                                                 (64, torch.float32, False)])
+def test_register_capped_configs_are_candidates_only_for_narrow_rows(head_dim, dtype, capped_kept):
+    # the caps were measured faster at d=64 bf16 and 2x slower at d=128, where they spill
+    import kernels.flash_triton as ft
+
+    kept = ft._pruner("dkdv")(ft.DKDV_CONFIGS, {"Q": torch.empty(0, dtype=dtype)}, HEAD_DIM=head_dim)
+    assert kept and any(c.maxnreg is None for c in kept)
+    assert any(c.maxnreg is not None for c in kept) == capped_kept
+
+
 def test_a_register_cap_survives_the_autotuners_config_copies():
     import kernels.flash_triton as ft
 
