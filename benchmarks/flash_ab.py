@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             cell[f"sdpa_{backend}_ms"] = ms[f"sdpa_{backend}"]
             cell[f"speedup_vs_sdpa_{backend}"] = min(ms[f"sdpa_{backend}"]) / min(ms["current"])
         record_cell(report, cell, args.out)
+    # the tiles each version's autotuner picked, per kernel and key (an older file may not say)
+    report["autotuned"] = {name: getattr(mod, "autotuned_configs", dict)() for name, (mod, _) in versions.items()}
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
