@@ -185,13 +185,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
       dP^T = V dO^T, dS^T = P^T * (dP^T - Delta), dK += dS^T Q.
     """
     offs_m0 = tl.arange(0, BLOCK_M)
-    # Delta is loaded one step ahead: Triton's pipeliner stages the Q, dO and L loads in shared memory
-    # but left this one (it feeds a dot's accumulator) as a plain load waited on in the same step
-    delta = tl.load(delta_base + lo + offs_m0, mask=lo + offs_m0 < n_q, other=0.0)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        delta_next = tl.load(delta_base + offs_m + BLOCK_M, mask=offs_m + BLOCK_M < n_q, other=0.0)
         qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
         do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
         if EVEN_M & EVEN_D:
@@ -202,9 +198,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
             do = tl.load(do_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         if EVEN_M:
             lse = tl.load(l_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
         else:
             # rows past n_q get L = +inf, so their P is exactly 0
             lse = tl.load(l_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
         st = tl.dot(k, qt, input_precision=INPUT_PRECISION) * qk_scale
         pt = tl.math.exp2(st - (lse * 1.4426950408889634)[None, :])
         if MASKED:  # causal diagonal: key j is seen by query i only when j <= i
@@ -214,7 +212,6 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
         dpt = tl.dot(v, tl.trans(do), tl.broadcast_to(-delta[None, :], pt.shape), input_precision=INPUT_PRECISION)
         dst = pt * dpt
         dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=INPUT_PRECISION)
-        delta = delta_next
     return dk, dv
 
 
