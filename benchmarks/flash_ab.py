@@ -55,7 +55,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-BOOL_OPTIONS = ("tile_major", "autotune")
+BOOL_OPTIONS = ("tile_major", "autotune", "tma")
 KERNELS = ("fwd", "dkdv", "dq")  # the names LaunchOptions.pinned takes
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 

@@ -173,29 +173,40 @@ def _fwd_kernel(Q, K, V, O, L,
 # backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
+def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
                     stride_qm, stride_qd, stride_dom, stride_dod,
                     offs_n, offs_d, n_q, lo, hi, qk_scale,
                     MASKED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    TMA_Q: tl.constexpr, TMA_DO: tl.constexpr):
     """Accumulate query tiles [lo, hi) into this key tile's dK, dV (both (BLOCK_N, d), fp32).
 
     Works on transposed scores so no tile is transposed in registers:
       S^T = K Q^T (BLOCK_N, BLOCK_M), P^T = exp2(S^T - L), dV += P^T dO,
       dP^T = V dO^T, dS^T = P^T * (dP^T - Delta), dK += dS^T Q.
+    q_src (do_src) is a tensor descriptor of this head's Q (dO) when TMA_Q (TMA_DO): the copy engine
+    loads the tile and fills rows past n_q and columns past HEAD_DIM with zeros; else a base pointer.
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        qt_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
-        do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
-        if EVEN_M & EVEN_D:
-            qt = tl.load(qt_ptrs)
-            do = tl.load(do_ptrs)
+        if TMA_Q:
+            qt = q_src.load([start_m, 0]).T
         else:
-            qt = tl.load(qt_ptrs, mask=(offs_m[None, :] < n_q) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            do = tl.load(do_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            qt_ptrs = q_src + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
+            if EVEN_M & EVEN_D:
+                qt = tl.load(qt_ptrs)
+            else:
+                qt = tl.load(qt_ptrs, mask=(offs_m[None, :] < n_q) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        if TMA_DO:
+            do = do_src.load([start_m, 0])
+        else:
+            do_ptrs = do_src + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+            if EVEN_M & EVEN_D:
+                do = tl.load(do_ptrs)
+            else:
+                do = tl.load(do_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         if EVEN_M:
             lse = tl.load(l_base + offs_m)
             delta = tl.load(delta_base + offs_m)
@@ -227,7 +238,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                      IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
+                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr,
+                     TMA_Q: tl.constexpr, TMA_DO: tl.constexpr):
     pid_n, pid_zh, n_tiles = _program_ids(TILE_MAJOR)  # causal: key tile 0 sees the most queries
     z = pid_zh // H
     h = pid_zh % H
@@ -247,8 +259,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
 
-    q_base = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh
-    do_base = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh
+    q_src = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh
+    do_src = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh
+    # descriptors where the launcher found unit stride along d and the rest 16-byte aligned (_tma_ready)
+    if TMA_Q:
+        q_src = tl.make_tensor_descriptor(q_src, shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
+                                          block_shape=[BLOCK_M, BLOCK_D])
+    if TMA_DO:
+        do_src = tl.make_tensor_descriptor(do_src, shape=[n_q, HEAD_DIM], strides=[stride_dom, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
     l_base = L + pid_zh.to(tl.int64) * n_q
     delta_base = Delta + pid_zh.to(tl.int64) * n_q
 
@@ -258,17 +277,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
         # queries < start_n see none of these keys; [start_n, start_n+BLOCK_N) cross the diagonal
         lo_masked = start_n
         hi_masked = tl.minimum(start_n + BLOCK_N, n_q)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
                                  stride_qm, stride_qd, stride_dom, stride_dod,
                                  offs_n, offs_d, n_q, lo_masked, hi_masked, qk_scale,
-                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION)
+                                 True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION, TMA_Q, TMA_DO)
         lo = start_n + BLOCK_N
     else:
         lo = 0
-    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, l_base, delta_base,
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
                              stride_qm, stride_qd, stride_dom, stride_dod,
                              offs_n, offs_d, n_q, lo, n_q, qk_scale,
-                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION)
+                             False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION, TMA_Q, TMA_DO)
     dk = dk * sm_scale
 
     dk_ptrs = DK + z.to(tl.int64) * stride_dkz + h.to(tl.int64) * stride_dkh \
@@ -573,12 +592,15 @@ class LaunchOptions:
     autotune    False: each kernel takes the first config of its space that fits in shared memory
                 (much faster cold starts, e.g. for a test matrix of many shapes)
     tile_major  grid order (see _program_ids); None picks per call (_tile_major)
+    tma         the dK/dV kernel streams Q and dO through tensor descriptors (the copy engine, sm_90+)
+                wherever a tensor's layout allows it (_tma_ready); False keeps pointer loads
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
     """
 
     autotune: bool = True
     tile_major: bool | None = None
+    tma: bool = True
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
@@ -587,7 +609,7 @@ class LaunchOptions:
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
-        object.__setattr__(self, "key", (self.autotune, self.tile_major, pinned))
+        object.__setattr__(self, "key", (self.autotune, self.tile_major, self.tma, pinned))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -628,6 +650,32 @@ def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool 
     if forced is not None:
         return bool(forced)
     return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """Whether a (Z, H, n, d) tensor can be read through a tensor descriptor per (z, h): unit stride
+    along d, every other stride and the address 16-byte aligned, on a GPU with a copy engine (sm_90+)
+    or in the interpreter. A stride-0 gradient (from `o.sum().backward()`) stays on pointer loads."""
+    if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
+        return False
+    elem = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s > 0 and s * elem % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n > 1))
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory where kernels build their tensor descriptors (128 bytes a program); the caching
+    allocator's blocks are 512-byte aligned."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_scratch_allocator() -> None:
+    """Give Triton an allocator for in-kernel descriptors unless this thread has one. Triton keeps it
+    per thread (a ContextVar), and autograd runs backward on threads of its own."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
@@ -829,10 +877,15 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                   (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
                   _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
+    tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
+    scratch = q.is_cuda and (tma_q or tma_do)
+    if scratch:
+        _ensure_scratch_allocator()
     dkdv = _launch("dkdv",
                    (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
                     *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
-                   _grid(n_k, "BLOCK_N", Z * H, tile_major), constexprs, q, d, options, want_plan)
+                   _grid(n_k, "BLOCK_N", Z * H, tile_major), {**constexprs, "TMA_Q": tma_q, "TMA_DO": tma_do},
+                   q, d, options, want_plan)
     if dkdv is not None and dq_ is not None:
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 
@@ -842,6 +895,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
             delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
             dq_(q, k, v, o, do, lse, delta, dq)
+            if scratch:
+                _ensure_scratch_allocator()
             dkdv(q, k, v, do, lse, delta, dk, dv)
             return dq, dk, dv
         plan.kernels = (dq_, dkdv)

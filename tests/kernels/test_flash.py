@@ -298,6 +298,35 @@ def test_register_capped_configs_are_candidates_only_for_narrow_rows(head_dim, d
     assert any(c.maxnreg is not None for c in kept) == capped_kept
 
 
+@pytest.mark.parametrize(("shape", "causal"), [((2, 3, 45, 24), True), ((1, 2, 70, 32), False), ((3, 33, 16), True)])
+def test_descriptor_loads_give_the_pointer_loads_gradients(shape, causal):
+    # dK/dV streams Q and dO through tensor descriptors where the layout allows (zero fill past n and
+    # d instead of masks); with LaunchOptions(tma=False) it keeps pointer loads: the same numbers, up
+    # to the order in which the interpreter's matmul sums a transposed tile (about one fp32 ulp)
+    import kernels.flash_triton as ft
+
+    q, k, v, do = (t.to(DEVICE, torch.float32) for t in _inputs(shape, shape))
+    grads = {}
+    for tma in (True, False):
+        opts = ft.LaunchOptions(tma=tma)
+        out, lse = ft.flash_attention_forward(q, k, v, causal, options=opts)
+        grads[tma] = ft.flash_attention_backward(q, k, v, out, lse, do, causal, options=opts)
+    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_descriptor_loads_are_taken_only_where_the_layout_allows():
+    import kernels.flash_triton as ft
+
+    x = torch.randn(2, 3, 64, 32)
+    assert ft._tma_ready(x) and ft._tma_ready(x.transpose(1, 2).contiguous().transpose(1, 2))
+    assert not ft._tma_ready(x.transpose(-1, -2))                   # d is not the unit-stride axis
+    assert not ft._tma_ready(torch.ones(()).expand(2, 3, 64, 32))  # .sum().backward()'s stride-0 gradient
+    assert not ft._tma_ready(torch.randn(2, 3, 64, 31))             # rows of 124 bytes: not 16-byte aligned
+    assert not ft._tma_ready(torch.randn(2 * 3 * 64 * 32 + 1)[1:].view(2, 3, 64, 32))  # the address is not
+    assert ft.LaunchOptions(tma=False).key != ft.DEFAULT_OPTIONS.key
+
+
 def test_a_register_cap_survives_the_autotuners_config_copies():
     import kernels.flash_triton as ft
 
