@@ -10,7 +10,8 @@ in an order chosen per call: see _program_ids and _tile_major):
   dQ        cdiv(n_q, BLOCK_M) tiles: a query tile first writes its rows' Delta = rowsum(O * dO),
             then loops over key tiles.
   dK, dV    cdiv(n_k, BLOCK_N) tiles, launched after dQ: a key tile loops over query tiles,
-            reading the Delta the dQ programs wrote.
+            reading the Delta the dQ programs wrote. On sm_90+ it streams Q and dO through
+            tensor descriptors (the copy engine) where the layout allows (_tma_ready).
 
 No atomics: each program writes only its own rows (a fused backward that adds dQ by atomics does
 five matmuls per tile pair instead of seven, and still ran 0.76-0.91x this one's speed on the H200:
@@ -593,7 +594,7 @@ class LaunchOptions:
                 (much faster cold starts, e.g. for a test matrix of many shapes)
     tile_major  grid order (see _program_ids); None picks per call (_tile_major)
     tma         the dK/dV kernel streams Q and dO through tensor descriptors (the copy engine, sm_90+)
-                wherever a tensor's layout allows it (_tma_ready); False keeps pointer loads
+                where a tensor qualifies (_tma_ready); False keeps pointer loads
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
     """
@@ -652,13 +653,21 @@ def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool 
     return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
 
 
+# Where the dK/dV kernel's descriptor loads were measured and run through the GPU tests (16-bit inputs,
+# d 64 and 128: docs/results/h200/flash_tma/); other head dims and fp32 keep the pointer loads.
+TMA_HEAD_DIMS = (64, 128)
+
+
 def _tma_ready(t: torch.Tensor) -> bool:
-    """Whether a (Z, H, n, d) tensor can be read through a tensor descriptor per (z, h): unit stride
-    along d, every other stride and the address 16-byte aligned, on a GPU with a copy engine (sm_90+)
-    or in the interpreter. A stride-0 gradient (from `o.sum().backward()`) stays on pointer loads."""
+    """Whether the dK/dV kernel reads a (Z, H, n, d) tensor through a tensor descriptor per (z, h):
+    16-bit with d in TMA_HEAD_DIMS, unit stride along d, every other stride and the address 16-byte
+    aligned, on a GPU with a copy engine (sm_90+) or in the interpreter. A stride-0 gradient (from
+    `o.sum().backward()`) stays on pointer loads."""
+    elem = t.element_size()
+    if elem != 2 or t.shape[-1] not in TMA_HEAD_DIMS:
+        return False
     if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
         return False
-    elem = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
             and all(s > 0 and s * elem % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n > 1))
 

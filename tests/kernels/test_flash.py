@@ -298,32 +298,37 @@ def test_register_capped_configs_are_candidates_only_for_narrow_rows(head_dim, d
     assert any(c.maxnreg is not None for c in kept) == capped_kept
 
 
-@pytest.mark.parametrize(("shape", "causal"), [((2, 3, 45, 24), True), ((1, 2, 70, 32), False), ((3, 33, 16), True)])
+@pytest.mark.parametrize(("shape", "causal"), [((2, 3, 45, 64), True), ((1, 2, 70, 64), False), ((3, 33, 128), True)])
 def test_descriptor_loads_give_the_pointer_loads_gradients(shape, causal):
     # dK/dV streams Q and dO through tensor descriptors where the layout allows (zero fill past n and
     # d instead of masks); with LaunchOptions(tma=False) it keeps pointer loads: the same numbers, up
     # to the order in which the interpreter's matmul sums a transposed tile (about one fp32 ulp)
     import kernels.flash_triton as ft
 
-    q, k, v, do = (t.to(DEVICE, torch.float32) for t in _inputs(shape, shape))
+    q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs(shape, shape))
+    assert ft._tma_ready(ft._as_zhnd(q)) and ft._tma_ready(ft._as_zhnd(do))
     grads = {}
     for tma in (True, False):
         opts = ft.LaunchOptions(tma=tma)
         out, lse = ft.flash_attention_forward(q, k, v, causal, options=opts)
         grads[tma] = ft.flash_attention_backward(q, k, v, out, lse, do, causal, options=opts)
     for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=name)
 
 
 def test_descriptor_loads_are_taken_only_where_the_layout_allows():
     import kernels.flash_triton as ft
 
-    x = torch.randn(2, 3, 64, 32)
+    bf16 = torch.bfloat16
+    x = torch.randn(2, 3, 64, 64, dtype=bf16)
     assert ft._tma_ready(x) and ft._tma_ready(x.transpose(1, 2).contiguous().transpose(1, 2))
-    assert not ft._tma_ready(x.transpose(-1, -2))                   # d is not the unit-stride axis
-    assert not ft._tma_ready(torch.ones(()).expand(2, 3, 64, 32))  # .sum().backward()'s stride-0 gradient
-    assert not ft._tma_ready(torch.randn(2, 3, 64, 31))             # rows of 124 bytes: not 16-byte aligned
-    assert not ft._tma_ready(torch.randn(2 * 3 * 64 * 32 + 1)[1:].view(2, 3, 64, 32))  # the address is not
+    assert ft._tma_ready(torch.randn(2, 3, 40, 128, dtype=torch.float16))
+    assert not ft._tma_ready(x.float())                                    # fp32 keeps pointer loads
+    assert not ft._tma_ready(torch.randn(2, 3, 64, 32, dtype=bf16))        # d outside TMA_HEAD_DIMS
+    assert not ft._tma_ready(x.transpose(-1, -2))                          # d is not the unit-stride axis
+    assert not ft._tma_ready(torch.ones((), dtype=bf16).expand(2, 3, 64, 64))  # .sum().backward()'s dO
+    assert not ft._tma_ready(torch.randn(2, 3, 64, 68, dtype=bf16)[..., :64])  # rows of 136 bytes
+    assert not ft._tma_ready(torch.randn(2 * 3 * 64 * 64 + 1, dtype=bf16)[1:].view(2, 3, 64, 64))  # address
     assert ft.LaunchOptions(tma=False).key != ft.DEFAULT_OPTIONS.key
 
 
@@ -366,6 +371,21 @@ def test_gpu_matrix(fixed_tiles, causal, dtype, shape):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_long_bf16(causal):
     _check(FlashAttentionTriton, (1, 2, 16384, 64), (1, 2, 16384, 64), causal, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 64), True), ((3, 777, 128), False)])
+def test_gpu_sum_backward_reads_a_stride0_gradient(shape, causal):
+    # o.sum().backward() (the CS336 tests' and leaderboard's call) hands backward a stride-0 dO: the
+    # dK/dV kernel then reads Q through a descriptor and dO through pointers, on ragged tiles here
+    q, k, v, _ = _inputs(shape, shape)
+    ref_dq, ref_dk, ref_dv = _reference(q, k, v, torch.ones_like(q), causal)[2:]
+    qi, ki, vi = (t.to("cuda", torch.bfloat16).requires_grad_() for t in (q, k, v))
+    FlashAttentionTriton.apply(qi, ki, vi, causal).sum().backward()
+    tol = 2 * TOL[torch.bfloat16]
+    for name, g, ref in (("dq", qi.grad, ref_dq), ("dk", ki.grad, ref_dk), ("dv", vi.grad, ref_dv)):
+        assert _rel_err(g, ref) < tol, name
+        assert _worst_row_err(g, ref) < ROW_TOL * tol, f"a row of {name} is wrong"
 
 
 @pytest.mark.gpu
