@@ -500,13 +500,13 @@ def _noting(configs: list[triton.Config], which: str) -> list[triton.Config]:
             for c in configs]
 
 
-def _autotune(kernel, configs, which: str):
-    return triton.autotune(_noting(configs, which), key=_KEY,
+def _autotune(kernel, configs, which: str, key: list[str] = _KEY):
+    return triton.autotune(_noting(configs, which), key=key,
                            prune_configs_by={"early_config_prune": _pruner(which)})(kernel)
 
 
 _fwd_tuned = _autotune(_fwd, FWD_CONFIGS, "fwd")
-_dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv")
+_dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv", _KEY + ["TMA_Q", "TMA_DO"])  # descriptor loads tune apart
 _dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq")
 
 

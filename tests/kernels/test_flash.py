@@ -316,6 +316,13 @@ def test_descriptor_loads_give_the_pointer_loads_gradients(shape, causal):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=name)
 
 
+def test_descriptor_and_pointer_loads_are_tuned_apart():
+    # one process may run both (LaunchOptions(tma=False), a stride-0 dO): each must pick its own tiles
+    import kernels.flash_triton as ft
+
+    assert {"TMA_Q", "TMA_DO"} <= set(ft._dkdv_tuned.keys) <= set(ft._bwd_dkdv_kernel.arg_names)
+
+
 def test_descriptor_loads_are_taken_only_where_the_layout_allows():
     import kernels.flash_triton as ft
 
