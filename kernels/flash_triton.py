@@ -668,8 +668,9 @@ def _tma_ready(t: torch.Tensor) -> bool:
         return False
     if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
         return False
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(s > 0 and s * elem % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n > 1))
+    row = t.stride(-2)  # a descriptor's row stride, even over a single row (n = 1)
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row > 0 and row * elem % 16 == 0
+            and all(s > 0 and s * elem % 16 == 0 for s, n in zip(t.stride()[:-2], t.shape[:-2], strict=True) if n > 1))
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:

@@ -335,6 +335,7 @@ def test_descriptor_loads_are_taken_only_where_the_layout_allows():
     assert not ft._tma_ready(x.transpose(-1, -2))                          # d is not the unit-stride axis
     assert not ft._tma_ready(torch.ones((), dtype=bf16).expand(2, 3, 64, 64))  # .sum().backward()'s dO
     assert not ft._tma_ready(torch.randn(2, 3, 64, 68, dtype=bf16)[..., :64])  # rows of 136 bytes
+    assert not ft._tma_ready(torch.randn(2, 3, 4, 68, dtype=bf16)[..., :1, :64])  # so too over a single row
     assert not ft._tma_ready(torch.randn(2 * 3 * 64 * 64 + 1, dtype=bf16)[1:].view(2, 3, 64, 64))  # address
     assert ft.LaunchOptions(tma=False).key != ft.DEFAULT_OPTIONS.key
 
