@@ -36,13 +36,17 @@ def load_module(path: Path, name: str = "flash_baseline"):
     return module
 
 
+def write_report(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def record_cell(report: dict, cell: dict, out: Path) -> None:
     """Add a cell to the report, print it, and write the whole report: a run cut by its time limit
     keeps every cell it finished."""
     report["cells"].append(cell)
     print(json.dumps(cell), file=sys.stderr, flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, out)
 
 
 def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
@@ -96,7 +100,7 @@ def parse_sdpa(text: str) -> list[str]:
     return names
 
 
-def _launch_options(mod, options: dict):
+def launch_options(mod, options: dict):
     """A version's LaunchOptions from parsed options, pins ({kernel: numbers}) made into its own configs."""
     pinned = {name: mod.make_config(*cfg) for name, cfg in options.get("pinned", {}).items()}
     return mod.LaunchOptions(**{**options, "pinned": pinned})
@@ -173,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
               "baseline_options": args.baseline_options, "sdpa": args.sdpa, "pass": args.which,
               "rounds": args.rounds, "cells": []}
     # a baseline given no options is called without any: an older file may not take them
-    versions = {"current": (current, _launch_options(current, args.options)),
-                "baseline": (base, _launch_options(base, args.baseline_options) if args.baseline_options else None)}
+    versions = {"current": (current, launch_options(current, args.options)),
+                "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None)}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         record_cell(report, cell, args.out)
     # the tiles each version's autotuner picked, per kernel and key (an older file may not say)
     report["autotuned"] = {name: getattr(mod, "autotuned_configs", dict)() for name, (mod, _) in versions.items()}
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, args.out)
     return 0
 
 

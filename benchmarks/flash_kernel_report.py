@@ -16,8 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.flash_ab import parse_pin, parse_shape
-from kernels.names import DTYPES, torch_dtype
+from benchmarks.flash_ab import launch_options, parse_pin, parse_shape
+from benchmarks.flash_tune import make_inputs
+from kernels.names import DTYPES
 
 
 def compiled_kernels(flash) -> dict:
@@ -70,10 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.harness import fingerprint
 
     shape, causal = args.shape
-    pins = {name: flash.make_config(*cfg) for name, cfg in args.pin}
-    options = flash.LaunchOptions(pinned=pins) if pins else flash.DEFAULT_OPTIONS
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch_dtype(args.dtype), generator=gen) for _ in range(4))
+    options = launch_options(flash, {"pinned": dict(args.pin)})
+    q, k, v, do = make_inputs(shape, args.dtype)
     for _ in range(2):  # the first call tunes and plans; the second runs through the plans
         out, lse = flash.flash_attention_forward(q, k, v, causal, options=options)
         flash.flash_attention_backward(q, k, v, out, lse, do, causal, options=options)

@@ -48,7 +48,7 @@ def parse_caps(text: str) -> list[int | None]:
     return [c or None for c in dict.fromkeys(caps)]
 
 
-def _inputs(shape, dtype_name: str, seed: int = 0):
+def make_inputs(shape, dtype_name: str, seed: int = 0):
     import torch
 
     dtype = torch_dtype(dtype_name)
@@ -61,7 +61,7 @@ def _pass_fn(kernel: str, cfg, base: dict, shape, causal: bool, dtype_name: str)
     """A zero-argument function running the pass that exercises `kernel` with `cfg` pinned."""
     from kernels import flash_triton as ft
 
-    q, k, v, do = _inputs(shape, dtype_name)
+    q, k, v, do = make_inputs(shape, dtype_name)
     pins = dict(base)
     if cfg is not None:
         pins[kernel] = ft.make_config(*cfg)
@@ -85,8 +85,7 @@ def _base_pins(head_dim: int, dtype_name: str):
     from kernels import flash_triton as ft
 
     q = torch.empty(0, dtype=torch_dtype(dtype_name))
-    return {name: ft._pruner(name)(space, {"Q": q}, HEAD_DIM=head_dim)[0]
-            for name, space in (("fwd", ft.FWD_CONFIGS), ("dkdv", ft.DKDV_CONFIGS), ("dq", ft.DQ_CONFIGS))}
+    return {name: ft.first_fitting_config(name, q, head_dim) for name in ft.KERNELS}
 
 
 def _short_error(exc: Exception) -> str:
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # the winners together, against the shipped autotuned path, in both grid orders
         pins = {k: ft.make_config(*c) for k, (_, c) in best.items()}
-        q, k_, v, do = _inputs(shape, args.dtype)
+        q, k_, v, do = make_inputs(shape, args.dtype)
         for q_ in (q, k_, v):
             q_.requires_grad_(True)
 

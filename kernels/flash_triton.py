@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -625,6 +626,12 @@ def autotuned_configs() -> dict[str, dict[str, str]]:
     return {name: {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()} for name, tuner in _TUNED.items()}
 
 
+def first_fitting_config(which: str, q: torch.Tensor, head_dim: int) -> triton.Config:
+    """The first config of kernel `which`'s space that the pruning keeps for q's dtype and this head dim
+    (what autotune=False launches)."""
+    return _pruner(which)(_SPACES[which], {"Q": q}, HEAD_DIM=head_dim)[0]
+
+
 def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, options: LaunchOptions):
     """On GPU, the pinned config, else the autotuned kernel (or the first fitting config);
     on CPU (the interpreter), a small fixed tile."""
@@ -633,7 +640,7 @@ def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, opt
         if cfg is None and options.autotune:
             return _TUNED[which], {}
         if cfg is None:
-            cfg = _pruner(which)(_SPACES[which], {"Q": q}, HEAD_DIM=head_dim)[0]
+            cfg = first_fitting_config(which, q, head_dim)
         launch = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         if cfg.maxnreg is not None:
             launch["maxnreg"] = cfg.maxnreg
@@ -682,8 +689,6 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
 def _ensure_scratch_allocator() -> None:
     """Give Triton an allocator for in-kernel descriptors unless this thread has one. Triton keeps it
     per thread (a ContextVar), and autograd runs backward on threads of its own."""
-    from triton.runtime import _allocation
-
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_scratch)
 

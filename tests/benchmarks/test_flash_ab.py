@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.flash_ab import (
     _call,
-    _launch_options,
+    launch_options,
     load_module,
     main,
     parse_options,
@@ -99,7 +99,7 @@ def test_a_bad_pin_is_named(bad):
 def test_pins_become_the_versions_own_configs_with_their_register_cap():
     from kernels import flash_triton as ft
 
-    opts = _launch_options(ft, {"tile_major": True, "pinned": {"dkdv": (32, 64, 4, 3, 128), "dq": (128, 64, 4, 3)}})
+    opts = launch_options(ft, {"tile_major": True, "pinned": {"dkdv": (32, 64, 4, 3, 128), "dq": (128, 64, 4, 3)}})
     assert opts.tile_major is True
     assert opts.pinned["dkdv"].kwargs == {"BLOCK_M": 32, "BLOCK_N": 64} and opts.pinned["dkdv"].maxnreg == 128
     assert opts.pinned["dq"].num_warps == 4 and opts.pinned["dq"].maxnreg is None
