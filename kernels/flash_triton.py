@@ -66,27 +66,67 @@ def _program_ids(TILE_MAJOR: tl.constexpr):
 # forward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+                n_k, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA_KV: tl.constexpr):
+    """Where the query-major kernels (forward, dQ) stream this head's keys and values from: tensor
+    descriptors of (n_k, HEAD_DIM) when TMA_KV (the launcher checked unit stride along d and 16-byte
+    alignment, _tma_ready; the copy engine fills rows past n_k and columns past HEAD_DIM with zeros),
+    else base pointers."""
+    k_src = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh
+    v_src = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh
+    if TMA_KV:
+        k_src = tl.make_tensor_descriptor(k_src, shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_src, shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+    return k_src, v_src
+
+
+@triton.jit
+def _load_kt_v(k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d, n_k,
+               MASKED: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, V_TRANSPOSED: tl.constexpr):
+    """Pointer loads of a K^T tile (d, BLOCK_N) and a V tile, (BLOCK_N, d) or transposed (d, BLOCK_N).
+    MASKED tiles check key bounds (zeros past n_k); unmasked ones only the padded head dim."""
+    kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    if V_TRANSPOSED:
+        v_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        v_mask = (offs_n[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM)
+        v_dmask = offs_d[:, None] < HEAD_DIM
+    else:
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        v_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
+        v_dmask = offs_d[None, :] < HEAD_DIM
+    if MASKED:
+        kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+    elif EVEN_D:
+        kt = tl.load(kt_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        v = tl.load(v_ptrs, mask=v_dmask, other=0.0)
+    return kt, v
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                offs_m, offs_d, n_k, lo, hi, qk_scale,
                MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulate key tiles [lo, hi) into (acc, l_i, m_i). MASKED tiles check bounds and causality."""
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               TMA_KV: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into (acc, l_i, m_i). MASKED tiles check bounds and causality.
+    k_src, v_src: this head's K and V as tensor descriptors when TMA_KV (see _bwd_dkdv_inner), else base pointers."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         # K^T tile (d, BLOCK_N) and V tile (BLOCK_N, d)
-        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        elif EVEN_D:
-            kt = tl.load(kt_ptrs)
-            v = tl.load(v_ptrs)
+        if TMA_KV:
+            kt = k_src.load([start_n, 0]).T
+            v = v_src.load([start_n, 0])
         else:
-            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            kt, v = _load_kt_v(k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d, n_k,
+                               MASKED, EVEN_D, HEAD_DIM, False)
         # raw scores (BLOCK_M, BLOCK_N); the scale is applied inside exp2's argument, s * scale - m,
         # one FMA per score instead of a multiply and a subtract (qk_scale > 0, so the row max of
         # the raw scores times the scale is the max of the scaled ones: log2 units, BLOCK_M mults)
@@ -116,7 +156,7 @@ def _fwd_kernel(Q, K, V, O, L,
                 IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
+                INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, TMA_KV: tl.constexpr):
     pid_m, pid_zh, n_tiles = _program_ids(TILE_MAJOR)
     if IS_CAUSAL:  # the last query tiles see the most keys: start them first
         pid_m = n_tiles - 1 - pid_m
@@ -132,8 +172,8 @@ def _fwd_kernel(Q, K, V, O, L,
         q = tl.load(q_ptrs)
     else:
         q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    k_base = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh
-    v_base = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh
+    k_src, v_src = _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+                               n_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA_KV)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -148,12 +188,12 @@ def _fwd_kernel(Q, K, V, O, L,
     else:
         hi_unmasked = n_full
         hi = n_k
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                offs_m, offs_d, n_k, 0, hi_unmasked, qk_scale,
-                               False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                               False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                offs_m, offs_d, n_k, hi_unmasked, hi, qk_scale,
-                               True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
+                               True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
 
     out = acc / l_i[:, None]
     # L in natural log: (m + log2 l) / log2(e)
@@ -306,27 +346,23 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                   offs_m, offs_d, n_k, lo, hi, qk_scale,
                   MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulate key tiles [lo, hi) into this query tile's dQ: dS = P * (dO V^T - Delta), dQ += dS K."""
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  TMA_KV: tl.constexpr):
+    """Accumulate key tiles [lo, hi) into this query tile's dQ: dS = P * (dO V^T - Delta), dQ += dS K.
+    k_src, v_src as in _fwd_inner."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        vt_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
-        if MASKED:
-            t_mask = (offs_n[None, :] < n_k) & (offs_d[:, None] < HEAD_DIM)
-            kt = tl.load(kt_ptrs, mask=t_mask, other=0.0)
-            vt = tl.load(vt_ptrs, mask=t_mask, other=0.0)
-        elif EVEN_D:
-            kt = tl.load(kt_ptrs)
-            vt = tl.load(vt_ptrs)
+        if TMA_KV:
+            kt = k_src.load([start_n, 0]).T
+            vt = v_src.load([start_n, 0]).T
         else:
-            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-            vt = tl.load(vt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            kt, vt = _load_kt_v(k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d, n_k,
+                                MASKED, EVEN_D, HEAD_DIM, True)
         s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
@@ -352,7 +388,7 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
                    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                   INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr):
+                   INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, TMA_KV: tl.constexpr):
     pid_m, pid_zh, n_tiles = _program_ids(TILE_MAJOR)
     if IS_CAUSAL:  # as in forward: the last query tiles are the heaviest
         pid_m = n_tiles - 1 - pid_m
@@ -387,8 +423,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
         lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
         tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
     lse2 = lse * 1.4426950408889634
-    k_base = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh
-    v_base = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh
+    k_src, v_src = _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+                               n_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA_KV)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_full = n_k if EVEN_N else (n_k // BLOCK_N) * BLOCK_N
@@ -398,12 +434,12 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
     else:
         hi_unmasked = n_full
         hi = n_k
-    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, n_k, 0, hi_unmasked, qk_scale,
-                       False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
-    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, n_k, hi_unmasked, hi, qk_scale,
-                       True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION)
+                       True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
     dq = dq * sm_scale
     dq_ptrs = DQ + z.to(tl.int64) * stride_dqz + h.to(tl.int64) * stride_dqh \
         + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
@@ -506,9 +542,10 @@ def _autotune(kernel, configs, which: str, key: list[str] = _KEY):
                            prune_configs_by={"early_config_prune": _pruner(which)})(kernel)
 
 
-_fwd_tuned = _autotune(_fwd, FWD_CONFIGS, "fwd")
-_dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv", _KEY + ["TMA_Q", "TMA_DO"])  # descriptor loads tune apart
-_dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq")
+# descriptor loads and pointer loads tune apart
+_fwd_tuned = _autotune(_fwd, FWD_CONFIGS, "fwd", _KEY + ["TMA_KV"])
+_dkdv_tuned = _autotune(_dkdv, DKDV_CONFIGS, "dkdv", _KEY + ["TMA_Q", "TMA_DO"])
+_dq_tuned = _autotune(_dq, DQ_CONFIGS, "dq", _KEY + ["TMA_KV"])
 
 
 def _pow2_at_least(n: int) -> int:
@@ -594,8 +631,9 @@ class LaunchOptions:
     autotune    False: each kernel takes the first config of its space that fits in shared memory
                 (much faster cold starts, e.g. for a test matrix of many shapes)
     tile_major  grid order (see _program_ids); None picks per call (_tile_major)
-    tma         the dK/dV kernel streams Q and dO through tensor descriptors (the copy engine, sm_90+)
-                where a tensor qualifies (_tma_ready); False keeps pointer loads
+    tma         the kernels stream tiles through tensor descriptors (the copy engine, sm_90+) where a
+                tensor qualifies (_tma_ready): K and V in the forward and dQ kernels, Q and dO in
+                dK/dV; False keeps pointer loads
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
     """
@@ -660,13 +698,13 @@ def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool 
     return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
 
 
-# Where the dK/dV kernel's descriptor loads were measured and run through the GPU tests (16-bit inputs,
-# d 64 and 128: docs/results/h200/flash_tma/); other head dims and fp32 keep the pointer loads.
+# Where the descriptor loads were measured and run through the GPU tests (16-bit inputs, d 64 and 128:
+# docs/results/h200/flash_tma/); other head dims and fp32 keep the pointer loads.
 TMA_HEAD_DIMS = (64, 128)
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
-    """Whether the dK/dV kernel reads a (Z, H, n, d) tensor through a tensor descriptor per (z, h):
+    """Whether a kernel may read a (Z, H, n, d) tensor through a tensor descriptor per (z, h):
     16-bit with d in TMA_HEAD_DIMS, unit stride along d, every other stride and the address 16-byte
     aligned, on a GPU with a copy engine (sm_90+) or in the interpreter. A stride-0 gradient (from
     `o.sum().backward()`) stays on pointer loads."""
@@ -678,6 +716,11 @@ def _tma_ready(t: torch.Tensor) -> bool:
     row = t.stride(-2)  # a descriptor's row stride, even over a single row (n = 1)
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row > 0 and row * elem % 16 == 0
             and all(s > 0 and s * elem % 16 == 0 for s, n in zip(t.stride()[:-2], t.shape[:-2], strict=True) if n > 1))
+
+
+def _tma_kv(k4: torch.Tensor, v4: torch.Tensor, options: LaunchOptions) -> bool:
+    """Whether the forward and dQ kernels stream K and V through tensor descriptors (one flag for both)."""
+    return options.tma and _tma_ready(k4) and _tma_ready(v4)
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -834,17 +877,22 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
+    tma_kv = _tma_kv(k4, v4, options)
+    if tma_kv and q.is_cuda:
+        _ensure_scratch_allocator()
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     want_plan = key is not None and _plannable(q, k, v)
     kernel = _launch("fwd", args, 5, _grid(n_q, "BLOCK_M", Z * H, tile_major),
-                     _constexprs(is_causal, d, precision, tile_major), q, d, options, want_plan)
+                     {**_constexprs(is_causal, d, precision, tile_major), "TMA_KV": tma_kv}, q, d, options, want_plan)
     if kernel is not None:
         shape, dtype, device = q.shape, q.dtype, q.device
 
         def plan(q, k, v):
             o = torch.empty(shape, dtype=dtype, device=device)
             lse = torch.empty(shape[:-1], dtype=torch.float32, device=device)
+            if tma_kv:
+                _ensure_scratch_allocator()
             kernel(q, k, v, o, lse)
             return o, lse
         plan.kernels = (kernel,)
@@ -888,14 +936,16 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     constexprs = _constexprs(is_causal, d, precision, tile_major)
+    tma_kv = _tma_kv(k4, v4, options)
+    tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
+    scratch = q.is_cuda and (tma_kv or tma_q or tma_do)
+    if scratch:
+        _ensure_scratch_allocator()
     dq_ = _launch("dq",
                   (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
-                  _grid(n_q, "BLOCK_M", Z * H, tile_major), constexprs, q, d, options, want_plan)
-    tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
-    scratch = q.is_cuda and (tma_q or tma_do)
-    if scratch:
-        _ensure_scratch_allocator()
+                  _grid(n_q, "BLOCK_M", Z * H, tile_major), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
+                  want_plan)
     dkdv = _launch("dkdv",
                    (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
                     *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
@@ -909,9 +959,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dk = torch.empty(shapes[1], dtype=dtype, device=device)
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
             delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
-            dq_(q, k, v, o, do, lse, delta, dq)
             if scratch:
                 _ensure_scratch_allocator()
+            dq_(q, k, v, o, do, lse, delta, dq)
             dkdv(q, k, v, do, lse, delta, dk, dv)
             return dq, dk, dv
         plan.kernels = (dq_, dkdv)

@@ -299,28 +299,43 @@ def test_register_capped_configs_are_candidates_only_for_narrow_rows(head_dim, d
 
 
 @pytest.mark.parametrize(("shape", "causal"), [((2, 3, 45, 64), True), ((1, 2, 70, 64), False), ((3, 33, 128), True)])
-def test_descriptor_loads_give_the_pointer_loads_gradients(shape, causal):
-    # dK/dV streams Q and dO through tensor descriptors where the layout allows (zero fill past n and
-    # d instead of masks); with LaunchOptions(tma=False) it keeps pointer loads: the same numbers, up
-    # to the order in which the interpreter's matmul sums a transposed tile (about one fp32 ulp)
+def test_descriptor_loads_give_the_pointer_loads_results(shape, causal):
+    # the forward and dQ kernels stream K and V, dK/dV streams Q and dO, through tensor descriptors
+    # where the layout allows (zero fill past n and d instead of masks); with LaunchOptions(tma=False)
+    # they keep pointer loads: the same numbers, up to the order in which the interpreter's matmul
+    # sums a transposed tile (about one fp32 ulp)
     import kernels.flash_triton as ft
 
     q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs(shape, shape))
-    assert ft._tma_ready(ft._as_zhnd(q)) and ft._tma_ready(ft._as_zhnd(do))
-    grads = {}
+    assert all(ft._tma_ready(ft._as_zhnd(t)) for t in (q, k, v, do))
+    assert ft._tma_kv(ft._as_zhnd(k), ft._as_zhnd(v), ft.DEFAULT_OPTIONS)
+    results = {}
     for tma in (True, False):
         opts = ft.LaunchOptions(tma=tma)
         out, lse = ft.flash_attention_forward(q, k, v, causal, options=opts)
-        grads[tma] = ft.flash_attention_backward(q, k, v, out, lse, do, causal, options=opts)
-    for name, a, b in zip(("dq", "dk", "dv"), grads[True], grads[False], strict=True):
+        results[tma] = (out, lse, *ft.flash_attention_backward(q, k, v, out, lse, do, causal, options=opts))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), results[True], results[False], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=name)
 
 
-def test_descriptor_and_pointer_loads_are_tuned_apart():
+def test_descriptor_loads_of_k_and_v_need_both_to_qualify():
+    import kernels.flash_triton as ft
+
+    k = torch.randn(2, 3, 64, 64, dtype=torch.bfloat16)
+    v_rows_of_136_bytes = torch.randn(2, 3, 64, 68, dtype=torch.bfloat16)[..., :64]
+    assert ft._tma_kv(k, k, ft.DEFAULT_OPTIONS)
+    assert not ft._tma_kv(k, v_rows_of_136_bytes, ft.DEFAULT_OPTIONS)
+    assert not ft._tma_kv(k, k, ft.LaunchOptions(tma=False))
+
+
+@pytest.mark.parametrize(("tuned", "kernel", "flags"), [("_fwd_tuned", "_fwd_kernel", {"TMA_KV"}),
+                                                       ("_dq_tuned", "_bwd_dq_kernel", {"TMA_KV"}),
+                                                       ("_dkdv_tuned", "_bwd_dkdv_kernel", {"TMA_Q", "TMA_DO"})])
+def test_descriptor_and_pointer_loads_are_tuned_apart(tuned, kernel, flags):
     # one process may run both (LaunchOptions(tma=False), a stride-0 dO): each must pick its own tiles
     import kernels.flash_triton as ft
 
-    assert {"TMA_Q", "TMA_DO"} <= set(ft._dkdv_tuned.keys) <= set(ft._bwd_dkdv_kernel.arg_names)
+    assert flags <= set(getattr(ft, tuned).keys) <= set(getattr(ft, kernel).arg_names)
 
 
 def test_descriptor_loads_are_taken_only_where_the_layout_allows():
