@@ -632,8 +632,8 @@ class LaunchOptions:
                 (much faster cold starts, e.g. for a test matrix of many shapes)
     tile_major  grid order (see _program_ids); None picks per call (_tile_major)
     tma         the kernels stream tiles through tensor descriptors (the copy engine, sm_90+) where a
-                tensor qualifies (_tma_ready): K and V in the forward and dQ kernels, Q and dO in
-                dK/dV; False keeps pointer loads
+                tensor qualifies (_tma_ready): K and V in the dQ kernel and, at d in TMA_FWD_HEAD_DIMS,
+                in the forward; Q and dO in dK/dV. False keeps pointer loads
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
     """
@@ -701,6 +701,10 @@ def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool 
 # Where the descriptor loads were measured and run through the GPU tests (16-bit inputs, d 64 and 128:
 # docs/results/h200/flash_tma/); other head dims and fp32 keep the pointer loads.
 TMA_HEAD_DIMS = (64, 128)
+# The forward streams K and V through descriptors only at d=128: in turns against its pointer loads
+# (docs/results/h200/flash_tma/ab_tma_fwd_1bc9b53.json) it ran 1.09x on (2, 16, 8192, 128) causal and
+# 0.92x-1.0x on five d=64 shapes. The dQ and dK/dV kernels take them at both head dims.
+TMA_FWD_HEAD_DIMS = (128,)
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
@@ -877,7 +881,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
-    tma_kv = _tma_kv(k4, v4, options)
+    tma_kv = d in TMA_FWD_HEAD_DIMS and _tma_kv(k4, v4, options)
     if tma_kv and q.is_cuda:
         _ensure_scratch_allocator()
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),

@@ -328,6 +328,26 @@ def test_descriptor_loads_of_k_and_v_need_both_to_qualify():
     assert not ft._tma_kv(k, k, ft.LaunchOptions(tma=False))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_forward_takes_descriptor_loads_only_at_its_measured_head_dims(head_dim, monkeypatch):
+    import kernels.flash_triton as ft
+
+    flags = {}
+    launch = ft._launch
+
+    def spy(which, args, n_tensors, grid, constexprs, *rest):
+        flags[which] = {k: v for k, v in constexprs.items() if k.startswith("TMA")}
+        return launch(which, args, n_tensors, grid, constexprs, *rest)
+
+    monkeypatch.setattr(ft, "_launch", spy)
+    q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, head_dim), (1, 2, 40, head_dim)))
+    out, lse = ft.flash_attention_forward(q, k, v, True)
+    ft.flash_attention_backward(q, k, v, out, lse, do, True)
+    assert flags["fwd"] == {"TMA_KV": head_dim in ft.TMA_FWD_HEAD_DIMS}
+    assert flags["dq"] == {"TMA_KV": True}
+    assert flags["dkdv"] == {"TMA_Q": True, "TMA_DO": True}
+
+
 @pytest.mark.parametrize(("tuned", "kernel", "flags"), [("_fwd_tuned", "_fwd_kernel", {"TMA_KV"}),
                                                        ("_dq_tuned", "_bwd_dq_kernel", {"TMA_KV"}),
                                                        ("_dkdv_tuned", "_bwd_dkdv_kernel", {"TMA_Q", "TMA_DO"})])
