@@ -10,8 +10,11 @@ in an order chosen per call: see _program_ids and _tile_major):
   dQ        cdiv(n_q, BLOCK_M) tiles: a query tile first writes its rows' Delta = rowsum(O * dO),
             then loops over key tiles.
   dK, dV    cdiv(n_k, BLOCK_N) tiles, launched after dQ: a key tile loops over query tiles,
-            reading the Delta the dQ programs wrote. On sm_90+ it streams Q and dO through
-            tensor descriptors (the copy engine) where the layout allows (_tma_ready).
+            reading the Delta the dQ programs wrote.
+
+On sm_90+ the streamed tiles (K and V in dQ, and in the forward at d=128; Q and dO in dK/dV) come
+through tensor descriptors, the copy engine, where the layout allows (_tma_ready), else through
+pointer loads.
 
 No atomics: each program writes only its own rows (a fused backward that adds dQ by atomics does
 five matmuls per tile pair instead of seven, and still ran 0.76-0.91x this one's speed on the H200:
