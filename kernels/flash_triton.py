@@ -118,7 +118,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, 
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                TMA_KV: tl.constexpr):
     """Accumulate key tiles [lo, hi) into (acc, l_i, m_i). MASKED tiles check bounds and causality.
-    k_src, v_src: this head's K and V as tensor descriptors when TMA_KV (see _bwd_dkdv_inner), else base pointers."""
+    k_src, v_src: this head's K and V, tensor descriptors when TMA_KV, else base pointers (_kv_sources)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -705,8 +705,8 @@ def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool 
 # docs/results/h200/flash_tma/); other head dims and fp32 keep the pointer loads.
 TMA_HEAD_DIMS = (64, 128)
 # The forward streams K and V through descriptors only at d=128: in turns against its pointer loads
-# (docs/results/h200/flash_tma/ab_tma_fwd_1bc9b53.json) it ran 1.09x on (2, 16, 8192, 128) causal and
-# 0.92x-1.0x on five d=64 shapes. The dQ and dK/dV kernels take them at both head dims.
+# (docs/results/h200/flash_tma/) it ran 0.92x-1.0x on five d=64 shapes, and 0.94x-1.11x on four d=128
+# shapes (gaining on three of five d=128 measurements). The dQ and dK/dV kernels take them at both.
 TMA_FWD_HEAD_DIMS = (128,)
 
 
@@ -726,7 +726,8 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 def _tma_kv(k4: torch.Tensor, v4: torch.Tensor, options: LaunchOptions) -> bool:
-    """Whether the forward and dQ kernels stream K and V through tensor descriptors (one flag for both)."""
+    """Whether K and V qualify for descriptor loads (one flag for both): the dQ kernel takes them, the
+    forward only at d in TMA_FWD_HEAD_DIMS."""
     return options.tma and _tma_ready(k4) and _tma_ready(v4)
 
 
