@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from kernels.names import FLASH_KERNELS
+
 SHAPES = [((16, 16384, 64), True), ((8, 16, 2048, 64), True), ((8, 16, 2048, 128), False), ((1, 16, 16384, 128), True)]
 
 
@@ -60,7 +62,6 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
 
 
 BOOL_OPTIONS = ("tile_major", "autotune", "tma")
-KERNELS = ("fwd", "dkdv", "dq")  # the names LaunchOptions.pinned takes
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
@@ -86,9 +87,9 @@ def parse_pin(text: str) -> tuple[str, tuple[int, ...]]:
         cfg = tuple(int(x) for x in cfg_text.split(","))
     except ValueError:
         cfg = ()
-    if name not in KERNELS or len(cfg) not in (4, 5) or min(cfg) <= 0:
+    if name not in FLASH_KERNELS or len(cfg) not in (4, 5) or min(cfg) <= 0:
         raise argparse.ArgumentTypeError(
-            f"pin {text!r}: expected KERNEL=BM,BN,WARPS,STAGES[,MAXNREG] with KERNEL one of {', '.join(KERNELS)}")
+            f"pin {text!r}: expected KERNEL=BM,BN,WARPS,STAGES[,MAXNREG] with KERNEL one of {', '.join(FLASH_KERNELS)}")
     return name, cfg
 
 

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.flash_ab import launch_options, parse_pin, parse_shape
+from benchmarks.flash_ab import launch_options, parse_pin, parse_shape, write_report
 from benchmarks.flash_tune import make_inputs
 from kernels.names import DTYPES
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for ext in ("ttgir", "ptx"):
                 if ext in compiled.asm:
                     (args.out / f"{name}.{ext}").write_text(compiled.asm[ext])
-    (args.out / "kernels.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, args.out / "kernels.json")
     print(json.dumps(report, indent=1))
     return 0
 

@@ -20,8 +20,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.flash_ab import KERNELS, parse_pin, parse_shape
-from kernels.names import torch_dtype
+from benchmarks.flash_ab import parse_pin, parse_shape
+from kernels.names import FLASH_KERNELS, torch_dtype
 
 
 def space(kernel: str) -> list[tuple[int, int, int, int]]:
@@ -85,7 +85,7 @@ def _base_pins(head_dim: int, dtype_name: str):
     from kernels import flash_triton as ft
 
     q = torch.empty(0, dtype=torch_dtype(dtype_name))
-    return {name: ft.first_fitting_config(name, q, head_dim) for name in ft.KERNELS}
+    return {name: ft.first_fitting_config(name, q, head_dim) for name in FLASH_KERNELS}
 
 
 def _short_error(exc: Exception) -> str:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                          "or --causal")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    ap.add_argument("--kernels", default=",".join(KERNELS))
+    ap.add_argument("--kernels", default=",".join(FLASH_KERNELS))
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="parallel compile processes")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args.causal = args.causal or shape_causal
     kernels = [k for k in args.kernels.split(",") if k]
     for k in kernels:
-        if k not in KERNELS:
-            ap.error(f"unknown kernel {k!r}; choose from {', '.join(KERNELS)}")
+        if k not in FLASH_KERNELS:
+            ap.error(f"unknown kernel {k!r}; choose from {', '.join(FLASH_KERNELS)}")
     best: dict[str, tuple[float, tuple]] = {}
     for name, cfg in args.pin:
         best[name] = (0.0, cfg)

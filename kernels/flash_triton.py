@@ -45,6 +45,8 @@ import triton
 import triton.language as tl
 from triton.runtime import _allocation
 
+from kernels.names import FLASH_KERNELS
+
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -624,7 +626,6 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 # (same or more configs to pick from). Non-causal tiles are all equal work, so order can only cost
 # locality there. The threshold sits between the two measured footprints.
 TILE_MAJOR_MAX_KV_BYTES = 96 * 2**20
-KERNELS = ("fwd", "dkdv", "dq")
 
 
 @dataclass(frozen=True)
@@ -648,9 +649,9 @@ class LaunchOptions:
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
-        unknown = set(self.pinned) - set(KERNELS)
+        unknown = set(self.pinned) - set(FLASH_KERNELS)
         if unknown:
-            raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(KERNELS)}")
+            raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.tile_major, self.tma, pinned))
 
@@ -785,23 +786,27 @@ class _KernelPlan:
     """One compiled kernel bound to a call signature: `plan(*tensors)` launches it on the current stream
     with the tensors' new addresses and the fixed rest (scalars, then constexprs, which Triton's
     compiled launcher takes in signature order and skips), through the launcher Triton's own
-    `compiled[grid](...)` calls, minus that wrapper's per-call lookups."""
+    `compiled[grid](...)` calls, minus that wrapper's per-call lookups. A kernel that builds tensor
+    descriptors (`scratch`) first makes sure this thread has Triton's scratch allocator."""
 
-    __slots__ = ("launcher", "grid", "function", "metadata", "fixed", "device")
+    __slots__ = ("launcher", "grid", "function", "metadata", "fixed", "device", "scratch")
 
-    def __init__(self, compiled, grid: tuple, fixed: tuple, device: int):
+    def __init__(self, compiled, grid: tuple, fixed: tuple, device: int, scratch: bool):
         self.launcher, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
-        self.grid, self.fixed, self.device = grid, fixed, device
+        self.grid, self.fixed, self.device, self.scratch = grid, fixed, device, scratch
 
     def __call__(self, *tensors):
+        if self.scratch:
+            _ensure_scratch_allocator()
         self.launcher(*self.grid, _current_stream(self.device), self.function, self.metadata, None, None, None,
                       *tensors, *self.fixed)
 
 
 def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, tiles: tuple[int, int],
-                 grid, device: int):
+                 grid, device: int, scratch: bool = False):
     """A plan for `compiled` (launched first with runtime `args`, the leading `n_tensors` of them tensors,
-    on (BLOCK_M, BLOCK_N) `tiles`), or None when this Triton's compiled kernel cannot be launched directly."""
+    on (BLOCK_M, BLOCK_N) `tiles`), or None when this Triton's compiled kernel cannot be launched directly.
+    `scratch`: the kernel builds tensor descriptors, so each launch needs Triton's scratch allocator."""
     from triton import knobs
 
     if compiled is None or not hasattr(compiled, "_init_handles"):
@@ -820,8 +825,13 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     if any(h is not None and getattr(h, "calls", True) for h in hooks):  # a HookChain with calls, or a callable
         runner = compiled[grid]  # a profiler's launch hooks are installed: keep Triton's wrapper, which calls them
-        return lambda *tensors: runner(*tensors, *fixed)
-    return _KernelPlan(compiled, grid, fixed, device)
+
+        def run(*tensors):
+            if scratch:
+                _ensure_scratch_allocator()
+            runner(*tensors, *fixed)
+        return run
+    return _KernelPlan(compiled, grid, fixed, device, scratch)
 
 
 def _constexprs(is_causal: bool, head_dim: int, precision: str, tile_major: bool) -> dict:
@@ -836,11 +846,14 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
     picking the config (pinned, autotuned or first fitting). Returns a plan for later calls of the same
     signature when `want_plan` (None if none can be made)."""
     kernel, fixed = _launch_config(_HEURISTIC[which], which, q, head_dim, options)
+    scratch = q.is_cuda and any(value is True for name, value in constexprs.items() if name.startswith("TMA_"))
+    if scratch:
+        _ensure_scratch_allocator()
     compiled = kernel[grid](*args, **constexprs, **fixed)
     tiles = _LAST_TUNED.pop(which, None) if kernel is _TUNED[which] else (fixed["BLOCK_M"], fixed["BLOCK_N"])
     if tiles is None or not want_plan:  # None: the autotuner did not say which tiles it launched
         return None
-    return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device())
+    return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device(), scratch)
 
 
 def clear_launch_plans() -> None:
@@ -886,8 +899,6 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     sm_scale = 1.0 / math.sqrt(d)
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     tma_kv = d in TMA_FWD_HEAD_DIMS and _tma_kv(k4, v4, options)
-    if tma_kv and q.is_cuda:
-        _ensure_scratch_allocator()
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     want_plan = key is not None and _plannable(q, k, v)
@@ -899,8 +910,6 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         def plan(q, k, v):
             o = torch.empty(shape, dtype=dtype, device=device)
             lse = torch.empty(shape[:-1], dtype=torch.float32, device=device)
-            if tma_kv:
-                _ensure_scratch_allocator()
             kernel(q, k, v, o, lse)
             return o, lse
         plan.kernels = (kernel,)
@@ -946,9 +955,6 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     constexprs = _constexprs(is_causal, d, precision, tile_major)
     tma_kv = _tma_kv(k4, v4, options)
     tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
-    scratch = q.is_cuda and (tma_kv or tma_q or tma_do)
-    if scratch:
-        _ensure_scratch_allocator()
     dq_ = _launch("dq",
                   (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
@@ -967,8 +973,6 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dk = torch.empty(shapes[1], dtype=dtype, device=device)
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
             delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
-            if scratch:
-                _ensure_scratch_allocator()
             dq_(q, k, v, o, do, lse, delta, dq)
             dkdv(q, k, v, do, lse, delta, dk, dv)
             return dq, dk, dv

@@ -11,6 +11,9 @@ ATTENTION_IMPLS = ("naive", "sdpa", "flash_pytorch", "flash_triton", *SDPA_BACKE
 # what the Transformer LM can run its attention with
 MODEL_ATTENTION_IMPLS = ("naive", "sdpa", "flash_triton", "flash_pytorch")
 
+# the Triton FlashAttention-2 kernels, by the names launch options and the tuning tools use
+FLASH_KERNELS = ("fwd", "dkdv", "dq")
+
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 
 
