@@ -48,6 +48,9 @@ from triton.runtime import _allocation
 from kernels.names import FLASH_KERNELS
 
 LOG2E = 1.4426950408889634
+# The forward moves a row block's reference max only when a row's max grew by more than this many
+# powers of two (_fwd_inner), so its unnormalised probabilities stay <= 2**RESCALE_LOG2.
+RESCALE_LOG2 = tl.constexpr(8.0)
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -141,13 +144,23 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, 
             if IS_CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescale of what was summed under the old max
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        # Lazy rescaling: the reference max m_i moves only when some row's max grew by more than
+        # RESCALE_LOG2 (so every p <= 2**RESCALE_LOG2, far from overflow in fp32 and in P's 16-bit
+        # dot). Past the first tiles a row's max seldom grows that much, so most tiles skip the
+        # BLOCK_M x d multiplies of acc and, with acc touched only under this `if`, Triton keeps
+        # the P V matmul asynchronous instead of waiting for it at the end of the step. The first
+        # tile always rescales (m_i = -inf), and it holds key 0, which every row sees.
+        m_tile = tl.max(s, 1) * qk_scale
+        grow = tl.max(tl.where(m_tile > m_i, m_tile - m_i, 0.0), 0)
+        if grow > RESCALE_LOG2:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.math.exp2(m_i - m_new)  # rescale of what was summed under the old max
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        p = tl.math.exp2(s * qk_scale - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -265,9 +278,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
         pt = tl.math.exp2(st - (lse * 1.4426950408889634)[None, :])
         if MASKED:  # causal diagonal: key j is seen by query i only when j <= i
             pt = tl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         # dP^T - Delta in the dot: its accumulator starts at -Delta instead of 0, one subtract per score less
         dpt = tl.dot(v, tl.trans(do), tl.broadcast_to(-delta[None, :], pt.shape), input_precision=INPUT_PRECISION)
+        # dV's dot is issued after dP^T's: Triton waits for every outstanding matmul right after a score
+        # matmul (S^T, dP^T) whose result feeds elementwise work, so issued here dV's matmul runs on the
+        # tensor cores while the same warps compute dS^T, instead of being waited on with dP^T
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dst = pt * dpt
         dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=INPUT_PRECISION)
     return dk, dv
