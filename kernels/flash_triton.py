@@ -48,9 +48,7 @@ from triton.runtime import _allocation
 from kernels.names import FLASH_KERNELS
 
 LOG2E = 1.4426950408889634
-# The forward moves a row block's reference max only when a row's max grew by more than this many
-# powers of two (_fwd_inner), so its unnormalised probabilities stay <= 2**RESCALE_LOG2.
-RESCALE_LOG2 = tl.constexpr(8.0)
+DV_AFTER_DP_ABOVE_HEAD_DIM = tl.constexpr(64)
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -144,23 +142,13 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, 
             if IS_CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        # Lazy rescaling: the reference max m_i moves only when some row's max grew by more than
-        # RESCALE_LOG2 (so every p <= 2**RESCALE_LOG2, far from overflow in fp32 and in P's 16-bit
-        # dot). Past the first tiles a row's max seldom grows that much, so most tiles skip the
-        # BLOCK_M x d multiplies of acc and, with acc touched only under this `if`, Triton keeps
-        # the P V matmul asynchronous instead of waiting for it at the end of the step. The first
-        # tile always rescales (m_i = -inf), and it holds key 0, which every row sees.
-        m_tile = tl.max(s, 1) * qk_scale
-        grow = tl.max(tl.where(m_tile > m_i, m_tile - m_i, 0.0), 0)
-        if grow > RESCALE_LOG2:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.math.exp2(m_i - m_new)  # rescale of what was summed under the old max
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.math.exp2(s * qk_scale - m_i[:, None])
-        l_i = l_i + tl.sum(p, 1)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)  # rescale of what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -192,6 +180,8 @@ def _fwd_kernel(Q, K, V, O, L,
         q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     k_src, v_src = _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                                n_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA_KV)
+    q = q * 2.0
+    qk_scale = qk_scale * 0.5
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -247,6 +237,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
     q_src (do_src) is a tensor descriptor of this head's Q (dO) when TMA_Q (TMA_DO): the copy engine
     loads the tile and fills rows past n_q and columns past HEAD_DIM with zeros; else a base pointer.
     """
+    # Triton waits for every outstanding matmul right after a score matmul (S^T, dP^T) whose result
+    # feeds elementwise work. With dV's matmul issued after dP^T's, it runs on the tensor cores while
+    # the warps compute dS^T instead of being waited on with dP^T: measured faster at d=128, slower
+    # at d=64 (docs/results/h200/flash_order/)
+    DV_AFTER_DP: tl.constexpr = HEAD_DIM > DV_AFTER_DP_ABOVE_HEAD_DIM
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -278,12 +273,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
         pt = tl.math.exp2(st - (lse * 1.4426950408889634)[None, :])
         if MASKED:  # causal diagonal: key j is seen by query i only when j <= i
             pt = tl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        if not DV_AFTER_DP:
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         # dP^T - Delta in the dot: its accumulator starts at -Delta instead of 0, one subtract per score less
         dpt = tl.dot(v, tl.trans(do), tl.broadcast_to(-delta[None, :], pt.shape), input_precision=INPUT_PRECISION)
-        # dV's dot is issued after dP^T's: Triton waits for every outstanding matmul right after a score
-        # matmul (S^T, dP^T) whose result feeds elementwise work, so issued here dV's matmul runs on the
-        # tensor cores while the same warps compute dS^T, instead of being waited on with dP^T
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        if DV_AFTER_DP:
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dst = pt * dpt
         dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=INPUT_PRECISION)
     return dk, dv
