@@ -180,8 +180,6 @@ def _fwd_kernel(Q, K, V, O, L,
         q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     k_src, v_src = _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                                n_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA_KV)
-    q = q * 2.0
-    qk_scale = qk_scale * 0.5
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
