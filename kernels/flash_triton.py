@@ -48,7 +48,7 @@ from triton.runtime import _allocation
 from kernels.names import FLASH_KERNELS
 
 LOG2E = 1.4426950408889634
-DV_AFTER_DP_ABOVE_HEAD_DIM = tl.constexpr(64)
+DV_AFTER_DP_HEAD_DIM = tl.constexpr(128)  # where _bwd_dkdv_inner issues dV's matmul after dP^T's
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -236,10 +236,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
     loads the tile and fills rows past n_q and columns past HEAD_DIM with zeros; else a base pointer.
     """
     # Triton waits for every outstanding matmul right after a score matmul (S^T, dP^T) whose result
-    # feeds elementwise work. With dV's matmul issued after dP^T's, it runs on the tensor cores while
-    # the warps compute dS^T instead of being waited on with dP^T: measured faster at d=128, slower
-    # at d=64 (docs/results/h200/flash_order/)
-    DV_AFTER_DP: tl.constexpr = HEAD_DIM > DV_AFTER_DP_ABOVE_HEAD_DIM
+    # feeds elementwise work, so only the accumulating dots (dV, dK) can overlap a program's own
+    # elementwise work. Issued after dP^T's wait, dV's matmul runs on the tensor cores while the
+    # warps compute dS^T. Same sums either way; in turns on the H200 it ran 1.02-1.08x at d=128 and
+    # 0.96-0.98x at d=64 (docs/results/h200/flash_order/), so d=128 alone takes that order.
+    DV_AFTER_DP: tl.constexpr = HEAD_DIM == DV_AFTER_DP_HEAD_DIM
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)

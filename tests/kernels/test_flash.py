@@ -193,13 +193,13 @@ def test_grid_order_does_not_change_results(causal):
 @pytest.mark.skipif(HAS_CUDA, reason="a compiled kernel refuses a changed global; the interpreter reads it per call")
 @pytest.mark.parametrize("causal", [False, True])
 def test_dkdv_matmul_order_does_not_change_gradients(causal, monkeypatch):
-    # above DV_AFTER_DP_ABOVE_HEAD_DIM the dK/dV loop issues dV's matmul after dP^T's; both orders
-    # compute the same sums, so raising the threshold past d must leave every gradient bit-identical
+    # at d = DV_AFTER_DP_HEAD_DIM the dK/dV loop issues dV's matmul after dP^T's; both orders compute
+    # the same sums, so moving that head dim elsewhere must leave every gradient bit-identical
     import kernels.flash_triton as ft
 
     q, k, v, do = _inputs((1, 2, 70, 128), (1, 2, 70, 128))
     late = _run(FlashAttentionTriton, q, k, v, do, causal, torch.float16)
-    monkeypatch.setattr(ft, "DV_AFTER_DP_ABOVE_HEAD_DIM", ft.tl.constexpr(256))
+    monkeypatch.setattr(ft, "DV_AFTER_DP_HEAD_DIM", ft.tl.constexpr(256))
     ft.clear_launch_plans()
     early = _run(FlashAttentionTriton, q, k, v, do, causal, torch.float16)
     for a, b in zip(late[2:], early[2:], strict=True):
