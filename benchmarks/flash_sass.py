@@ -1,0 +1,168 @@
+"""What the compiler makes of one flash kernel for the H100/H200 (sm_90), with no GPU: registers,
+stack, shared memory, the order of matmuls and waits in each loop, and the SASS instruction mix.
+
+Triton compiles for a named target without a device, and its package carries ptxas, cuobjdump and
+nvdisasm, so this runs on a CPU machine (Triton 3.7.1 there; the GPU hosts run 3.6, whose TTGIR for
+these kernels had the same waits; register counts can differ: the leaderboard dQ kernel reads 255
+registers and no stack here, 255 with 24 spilled on the H200). It is the cheap look before device
+time: does a change keep a matmul in flight, add a barrier, or cost registers?
+
+    python -m benchmarks.flash_sass --pin dkdv=64,64,4,2 --head-dim 128 --tma --causal --out sass
+
+Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
+N matmuls left in flight) and the `exp2`s and `if`s between them, in program order.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.flash_ab import parse_pin, write_report
+from kernels.names import DTYPES
+
+# runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
+INT_ARGS = {"H", "n_q", "n_k", "seq_bucket"}
+FLOAT_ARGS = {"qk_scale", "sm_scale"}
+FP32_TENSORS = {"L", "Delta"}
+TRITON_TYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+def signature(jit_fn, constexprs: dict, dtype: str) -> tuple[dict, dict]:
+    """Triton's signature and attributes for `jit_fn` as a launch of contiguous (Z, H, N, D) tensors would
+    specialise it: unit strides along d as constants, pointers 16-byte aligned, other strides and the
+    lengths multiples of 16."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(jit_fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.startswith("stride") or name in INT_ARGS:
+            sig[name] = "i32"
+            if name != "H":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in FLOAT_ARGS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "*fp32" if name in FP32_TENSORS else "*" + TRITON_TYPES[dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def loop_orders(ttgir: str) -> list[list[str]]:
+    """Per scf.for loop, in the order the loops start: its matmuls, waits, exp2s and ifs in program order.
+    A loop's body ends at the `}` with the indent of its `scf.for` line."""
+    loops, open_loops = [], []  # open_loops: (index into loops, indent of the scf.for line)
+    for line in ttgir.splitlines():
+        text, indent = line.strip(), len(line) - len(line.lstrip())
+        if open_loops and text.startswith("}") and indent == open_loops[-1][1]:
+            open_loops.pop()
+            continue
+        if " = scf.for " in line or text.startswith("scf.for "):
+            loops.append([])
+            open_loops.append((len(loops) - 1, indent))
+            continue
+        if not open_loops:
+            continue
+        body = loops[open_loops[-1][0]]
+        if m := re.search(r"%([A-Za-z]\w*?)(?:_\d+)?(?::\d+)? = ttng\.warp_group_dot ", text):
+            body.append(f"dot:{m.group(1)}")
+        elif m := re.search(r"ttng\.warp_group_dot_wait .*\{pendings = (\d+)", text):
+            body.append(f"wait:{m.group(1)}")
+        elif " math.exp2 " in f" {text} ":
+            body.append("exp2")
+        elif " scf.if " in f" {text} ":
+            body.append("if")
+    return loops
+
+
+def tool(name: str) -> Path:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} is not in this Triton package ({path})")
+    return path
+
+
+def resources(cubin: Path) -> dict:
+    """Registers, stack and shared memory per thread / block, as cuobjdump reports them."""
+    out = subprocess.run([str(tool("cuobjdump")), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"(REG|STACK|SHARED):(\d+)", out))
+    return {"registers": int(found.get("REG", 0)), "stack_bytes": int(found.get("STACK", 0)),
+            "static_shared_bytes": int(found.get("SHARED", 0))}
+
+
+def sass_ops(sass: str) -> dict[str, int]:
+    """How often each SASS opcode appears in the kernel (predicates dropped)."""
+    ops = Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return dict(ops.most_common())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pin", type=parse_pin, required=True, metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
+                    help="the kernel (fwd, dkdv or dq) and its config")
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--tma", action="store_true", help="the kernel's streamed tiles through tensor descriptors")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the report, TTGIR, PTX and SASS")
+    args = ap.parse_args(argv)
+    which, cfg = args.pin
+    if not 1 <= args.head_dim <= 256:
+        ap.error(f"--head-dim {args.head_dim}: the kernels take 1 to 256")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("flash_sass compiles for sm_90: unset TRITON_INTERPRET (the interpreter compiles nothing)",
+              file=sys.stderr)
+        return 2
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import flash_triton as ft
+
+    jit_fn = ft._JIT[which]
+    precision = "tf32" if args.dtype == "fp32" else "ieee"
+    constexprs = {**ft._constexprs(args.causal, args.head_dim, precision, True),
+                  "BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "EVEN_M": True, "EVEN_N": True}
+    constexprs["EVEN_D"] = constexprs["HEAD_DIM"] == constexprs["BLOCK_D"]
+    flags = ("TMA_Q", "TMA_DO") if which == "dkdv" else ("TMA_KV",)
+    constexprs.update({flag: args.tma for flag in flags})
+    constexprs.update({name: 1 for name in jit_fn.arg_names if name.startswith("stride") and name.endswith("d")})
+    sig, attrs = signature(jit_fn, constexprs, args.dtype)
+    options = {"num_warps": cfg[2], "num_stages": cfg[3], **({"maxnreg": cfg[4]} if len(cfg) > 4 else {})}
+    compiled = triton.compile(ASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{which}_{'_'.join(map(str, cfg))}_d{args.head_dim}{'_tma' if args.tma else ''}"
+    stem.with_suffix(".ttgir").write_text(compiled.asm["ttgir"])
+    stem.with_suffix(".ptx").write_text(compiled.asm["ptx"])
+    stem.with_suffix(".cubin").write_bytes(compiled.asm["cubin"])
+    sass = subprocess.run([str(tool("nvdisasm")), "-c", str(stem.with_suffix(".cubin"))],
+                          capture_output=True, text=True, check=True).stdout
+    stem.with_suffix(".sass").write_text(sass)
+    report = {"kind": "flash_sass", "kernel": which, "config": list(cfg), "head_dim": args.head_dim,
+              "dtype": args.dtype, "causal": args.causal, "tma": args.tma, "triton": triton.__version__,
+              "target": "sm_90", "shared_bytes": compiled.metadata.shared,
+              **resources(stem.with_suffix(".cubin")), "loops": loop_orders(compiled.asm["ttgir"]),
+              "sass_ops": sass_ops(sass)}
+    write_report(report, stem.with_suffix(".json"))
+    print(f"{which} {cfg} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
+          f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
+    for i, loop in enumerate(report["loops"]):
+        print(f"  loop {i}: {' '.join(loop)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

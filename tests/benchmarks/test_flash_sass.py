@@ -1,0 +1,46 @@
+"""flash_sass compiles a flash kernel for sm_90 on this CPU machine and reads the order of its matmuls."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, interpret: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run([sys.executable, "-m", "benchmarks.flash_sass", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("head_dim", "dv_after_dp"), [(64, False), (128, True)])
+def test_the_dkdv_loop_issues_dv_where_the_kernel_says(tmp_path, head_dim, dv_after_dp):
+    r = _run("--pin", "dkdv=64,64,4,2", "--head-dim", str(head_dim), "--tma", "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / f"dkdv_64_64_4_2_d{head_dim}_tma.json").read_text())
+    assert report["registers"] > 0 and report["sass_ops"].get("HGMMA.64x64x16.F32.BF16", 0) > 0
+    for loop in report["loops"]:  # the causal diagonal loop and the unmasked one
+        dots = [op for op in loop if op.startswith("dot:")]
+        assert dots[0] == "dot:st" and dots[-1] == "dot:dk", loop
+        assert (dots.index("dot:dv") > dots.index("dot:dpt")) == dv_after_dp, loop
+        # the score matmuls are each waited on at once; dV and dK stay in flight
+        assert loop[loop.index("dot:st") + 1] == "wait:0" and loop[loop.index("dot:dpt") + 1] == "wait:0"
+    for suffix in (".ttgir", ".ptx", ".sass"):
+        assert (tmp_path / f"dkdv_64_64_4_2_d{head_dim}_tma{suffix}").stat().st_size > 0
+
+
+def test_bad_input_is_named_and_writes_nothing(tmp_path):
+    r = _run("--pin", "dkdv=64,64,4,2", "--head-dim", "300", "--out", str(tmp_path / "a"))
+    assert r.returncode == 2 and "--head-dim 300" in r.stderr
+    r = _run("--pin", "softmax=64,64,4,2", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "softmax=64,64,4,2" in r.stderr
+    r = _run("--pin", "fwd=128,64,8,3", "--out", str(tmp_path / "c"), interpret=True)
+    assert r.returncode == 2 and "unset TRITON_INTERPRET" in r.stderr
+    assert not any((tmp_path / d).exists() for d in "abc")
