@@ -23,13 +23,13 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.flash_ab import parse_pin, write_report
-from kernels.names import DTYPES
+from kernels.names import DTYPES, torch_dtype
 
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
 INT_ARGS = {"H", "n_q", "n_k", "seq_bucket"}
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
 FP32_TENSORS = {"L", "Delta"}
-TRITON_TYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile
 
 
 def signature(jit_fn, constexprs: dict, dtype: str) -> tuple[dict, dict]:
@@ -47,7 +47,7 @@ def signature(jit_fn, constexprs: dict, dtype: str) -> tuple[dict, dict]:
         elif name in FLOAT_ARGS:
             sig[name] = "fp32"
         else:
-            sig[name] = "*fp32" if name in FP32_TENSORS else "*" + TRITON_TYPES[dtype]
+            sig[name] = "*fp32" if name in FP32_TENSORS else "*" + dtype  # our dtype names are Triton's
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import flash_triton as ft
 
     jit_fn = ft._JIT[which]
-    precision = "tf32" if args.dtype == "fp32" else "ieee"
-    constexprs = {**ft._constexprs(args.causal, args.head_dim, precision, True),
-                  "BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "EVEN_M": True, "EVEN_N": True}
-    constexprs["EVEN_D"] = constexprs["HEAD_DIM"] == constexprs["BLOCK_D"]
-    flags = ("TMA_Q", "TMA_DO") if which == "dkdv" else ("TMA_KV",)
-    constexprs.update({flag: args.tma for flag in flags})
+    precision = ft._precision(torch_dtype(args.dtype), "tf32")
+    constexprs = {**ft._constexprs(args.causal, args.head_dim, precision, True), "BLOCK_M": cfg[0], "BLOCK_N": cfg[1]}
+    # the launcher's EVEN_* rules on lengths that divide the tiles; every descriptor flag as --tma says
+    even = {"n_q": EVEN_LENGTH, "n_k": EVEN_LENGTH, **constexprs}
+    constexprs.update({name: rule(even) for name, rule in ft._EVEN_HEURISTICS.items()})
+    constexprs.update({name: args.tma for name in jit_fn.arg_names if name.startswith("TMA_")})
     constexprs.update({name: 1 for name in jit_fn.arg_names if name.startswith("stride") and name.endswith("d")})
     sig, attrs = signature(jit_fn, constexprs, args.dtype)
     options = {"num_warps": cfg[2], "num_stages": cfg[3], **({"maxnreg": cfg[4]} if len(cfg) > 4 else {})}

@@ -239,7 +239,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
     # feeds elementwise work, so only the accumulating dots (dV, dK) can overlap a program's own
     # elementwise work. Issued after dP^T's wait, dV's matmul runs on the tensor cores while the
     # warps compute dS^T. Same sums either way; in turns on the H200 it ran 1.02-1.08x at d=128 and
-    # 0.96-0.98x at d=64 (docs/results/h200/flash_order/), so d=128 alone takes that order.
+    # 0.92-0.98x at d=64, 96 and 256 (docs/results/h200/flash_order/), so d=128 alone takes that order.
     DV_AFTER_DP: tl.constexpr = HEAD_DIM == DV_AFTER_DP_HEAD_DIM
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
