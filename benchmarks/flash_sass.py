@@ -3,8 +3,9 @@ stack, shared memory, the order of matmuls and waits in each loop, and the SASS 
 
 Triton compiles for a named target without a device, and its package carries ptxas, cuobjdump and
 nvdisasm, so this runs on a CPU machine (Triton 3.7.1 there; the GPU hosts run 3.6, whose TTGIR for
-these kernels had the same waits; register counts can differ: the leaderboard dQ kernel reads 255
-registers and no stack here, 255 with 24 spilled on the H200). It is the cheap look before device
+these kernels had the same waits; spills can differ a little: the leaderboard dQ kernel with pointer
+loads, (128, 64, 4, 3), takes 255 registers and 112 B of stack here, 255 and 24 spilled registers
+on the H200). It is the cheap look before device
 time: does a change keep a matmul in flight, add a barrier, or cost registers?
 
     python -m benchmarks.flash_sass --pin dkdv=64,64,4,2 --head-dim 128 --tma --causal --out sass
