@@ -17,9 +17,11 @@ the rotation.
 --parts times each piece of the path (launchers, autograd, SDPA beside) on one shape and writes a
 cProfile of the backward next to --out: where the host time goes.
 
---leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal,
+--leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal, unpacked from
+one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three leaves),
 triton.testing.do_bench of `o = attn(q, k, v, True); o.sum().backward()` with the flash apply wrapped
-in torch.compile, beside SDPA's cuDNN and flash backends, rounds alternated.
+in torch.compile, beside SDPA's cuDNN and flash backends, rounds alternated. --leaderboard-profile N
+lists every GPU kernel of that step per implementation (device time per step over N profiled steps).
 """
 from __future__ import annotations
 
@@ -166,29 +168,98 @@ def measure_cell(impls, shape, causal, rounds: int, calls: int, repeats: int, sa
     return cell
 
 
-def leaderboard(rounds: int, rep_ms: int) -> dict:
-    """The course's leaderboard timing: do_bench of forward + o.sum().backward(), compiled apply."""
+LEADERBOARD_INPUTS = ("course", "leaves")
+
+
+def leaderboard_inputs(form: str):
+    """q, k, v of the leaderboard shape, bf16, requiring grad.
+
+    "course": as the CS336 test makes them, `torch.randn(3, 16, 16384, 64, requires_grad=True)` unpacked,
+    so the three are views of one leaf: every backward stacks dq, dk, dv into that leaf's (3, ...)
+    gradient and adds it to the one before (the test never clears it). "leaves": three leaves of
+    their own, whose gradients also accumulate but without the stack.
+    """
     import torch
-    import triton
+
+    if form not in LEADERBOARD_INPUTS:
+        raise ValueError(f"leaderboard inputs must be one of {LEADERBOARD_INPUTS}, not {form!r}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if form == "course":
+        q, k, v = torch.randn((3, *LEADERBOARD_SHAPE), device="cuda", dtype=torch.bfloat16, generator=gen,
+                              requires_grad=True)
+        return q, k, v
+    return tuple(torch.randn(LEADERBOARD_SHAPE, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+                 for _ in range(3))
+
+
+def leaderboard_steps(form: str) -> dict:
+    """{implementation: step()}: the course's timed function, `o = attn(q, k, v, True); o.sum().backward()`,
+    with benchlab's apply under torch.compile (as the test wraps it) beside SDPA's cuDNN and flash backends."""
+    import torch
 
     from kernels.flash_triton import FlashAttentionTriton
     from kernels.impls import get_attention
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(LEADERBOARD_SHAPE, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-               for _ in range(3))
+    q, k, v = leaderboard_inputs(form)
     impls = {"flash_triton_compiled": torch.compile(FlashAttentionTriton.apply),
              "sdpa_cudnn": get_attention("sdpa_cudnn"), "sdpa_flash": get_attention("sdpa_flash")}
-    out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "rep_ms": rep_ms, "ms": {}}
+
+    def step_of(fn):
+        def step():
+            o = fn(q, k, v, True)
+            o.sum().backward()
+        return step
+    return {name: step_of(fn) for name, fn in impls.items()}
+
+
+def leaderboard(rounds: int, rep_ms: int, form: str = "course") -> dict:
+    """The course's leaderboard timing: do_bench of each step, implementations in turns per round."""
+    import triton
+
+    steps = leaderboard_steps(form)
+    out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
+           "ms": {}}
     for _ in range(rounds):
-        for name, fn in impls.items():
-            def step(fn=fn):
-                o = fn(q, k, v, True)
-                o.sum().backward()
+        for name, step in steps.items():
             ms = triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25))
             out["ms"].setdefault(name, []).append(ms)
     out["median_ms"] = {name: statistics.median(xs) for name, xs in out["ms"].items()}
     return out
+
+
+def leaderboard_profile(iters: int, form: str = "course") -> dict:
+    """Every GPU kernel of one leaderboard step, per implementation: the profiler's device time per step
+    of each kernel over `iters` steps, each after an L2 flush as do_bench does (the flush's own fill
+    kernel is listed apart). Answers where one implementation's step spends time that another's does not."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from worker.harness import L2Flusher
+    from worker.profiling import op_times_ms
+
+    steps = leaderboard_steps(form)
+    flush = L2Flusher("cuda")
+    out = {"shape": list(LEADERBOARD_SHAPE), "inputs": form, "iters": iters, "impls": {}}
+    for name, step in steps.items():
+        for _ in range(5):  # compile, autotune and plan before anything is recorded
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                flush()
+                step()
+            torch.cuda.synchronize()
+        kernels = op_times_ms(prof, iters, on_gpu=True)
+        flush_ms = sum(row["ms_per_step"] for key, row in kernels.items() if _is_flush(key))
+        listed = {key[:160]: row for key, row in kernels.items() if not _is_flush(key)}
+        out["impls"][name] = {"kernel_ms_per_step": sum(row["ms_per_step"] for row in listed.values()),
+                              "flush_ms_per_step": flush_ms, "kernels": listed}
+    return out
+
+
+def _is_flush(kernel: str) -> bool:
+    """The L2 flush is L2Flusher's zero_ of an int32 buffer: ATen's FillFunctor<int> (a step fills no ints)."""
+    return "FillFunctor<int>" in kernel
 
 
 def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | None) -> dict:
@@ -287,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaderboard", action="store_true")
     ap.add_argument("--leaderboard-rep-ms", type=int, default=2000)
     ap.add_argument("--leaderboard-only", action="store_true", help="time the leaderboard shape and nothing else")
+    ap.add_argument("--leaderboard-inputs", choices=LEADERBOARD_INPUTS, default="course",
+                    help="q, k, v as the course's test makes them (views of one leaf) or as three leaves")
+    ap.add_argument("--leaderboard-profile", type=int, default=0, metavar="N",
+                    help="also list every GPU kernel of the leaderboard step, per implementation, over N steps")
     ap.add_argument("--parts", action="store_true",
                     help="time each piece of the launch path on one shape (and cProfile the backward) instead")
     ap.add_argument("--commit", default=None)
@@ -315,8 +390,13 @@ def main(argv: list[str] | None = None) -> int:
                           "fwd_bwd_host_vs_sdpa_flash": ratios}), file=sys.stderr, flush=True)
         _write(args.out, report)  # after every cell: a run stopped by its time limit keeps what it finished
     if args.leaderboard or args.leaderboard_only:
-        report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms)
+        report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms, args.leaderboard_inputs)
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
+        _write(args.out, report)
+    if args.leaderboard_profile:
+        report["leaderboard_profile"] = leaderboard_profile(args.leaderboard_profile, args.leaderboard_inputs)
+        print(json.dumps({n: round(r["kernel_ms_per_step"], 3)
+                          for n, r in report["leaderboard_profile"]["impls"].items()}), file=sys.stderr, flush=True)
     return _write(args.out, report)
 
 

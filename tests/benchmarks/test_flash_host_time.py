@@ -42,3 +42,24 @@ def test_an_implementation_with_no_kept_samples_has_no_ratio():
     out = host_summary({"sdpa_flash": [100.0, 101.0], "flash_triton": [float("nan")]}, "sdpa_flash")
     assert out["flash_triton"]["kept"] == 0 and math.isnan(out["flash_triton"]["median"])
     assert "vs_sdpa_flash" not in out["flash_triton"]
+
+
+def test_leaderboard_inputs_name_a_bad_form_before_touching_the_gpu():
+    import pytest
+
+    from benchmarks.flash_host_time import leaderboard_inputs
+
+    with pytest.raises(ValueError, match="'stacked'"):
+        leaderboard_inputs("stacked")
+
+
+def test_the_profile_sets_only_the_l2_flush_apart():
+    from benchmarks.flash_host_time import _is_flush
+
+    assert _is_flush("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, "
+                     "std::array<char*, 1ul> >(int, at::native::FillFunctor<int>, std::array<char*, 1ul>)")
+    # a step's own fills and int-typed kernels stay in the list
+    bf16_fill = "at::native::FillFunctor<c10::BFloat16>"
+    assert not _is_flush(f"void at::native::vectorized_elementwise_kernel<4, {bf16_fill}, std::array<char*, 1ul> >"
+                         f"(int, {bf16_fill}, std::array<char*, 1ul>)")
+    assert not _is_flush("_bwd_dq_kernel")
