@@ -227,33 +227,52 @@ def leaderboard(rounds: int, rep_ms: int, form: str = "course") -> dict:
     return out
 
 
-def leaderboard_profile(iters: int, form: str = "course") -> dict:
-    """Every GPU kernel of one leaderboard step, per implementation: the profiler's device time per step
-    of each kernel over `iters` steps, each after an L2 flush as do_bench does (the flush's own fill
-    kernel is listed apart). Answers where one implementation's step spends time that another's does not."""
+def leaderboard_profile(iters: int, form: str = "course", rounds: int = 1) -> dict:
+    """Every GPU kernel of one leaderboard step, per implementation, in turns over `rounds`: the
+    profiler's device time per step of each kernel over `iters` steps a round, each after an L2 flush
+    as do_bench does (the flush itself is left out); per step the span from the flush's end to the last
+    kernel's end and the GPU's idle time inside it (a host that falls behind shows there); and the host's
+    time to issue one step. Answers where one implementation's step spends time another's does not."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.flash_timeline import timeline
     from worker.harness import L2Flusher
-    from worker.profiling import op_times_ms
+    from worker.profiling import chrome_trace
 
     steps = leaderboard_steps(form)
     flush = L2Flusher("cuda")
-    out = {"shape": list(LEADERBOARD_SHAPE), "inputs": form, "iters": iters, "impls": {}}
-    for name, step in steps.items():
+    for step in steps.values():
         for _ in range(5):  # compile, autotune and plan before anything is recorded
             step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                flush()
-                step()
-            torch.cuda.synchronize()
-        kernels = op_times_ms(prof, iters, on_gpu=True)
-        flush_ms = sum(row["ms_per_step"] for key, row in kernels.items() if _is_flush(key))
-        listed = {key[:160]: row for key, row in kernels.items() if not _is_flush(key)}
-        out["impls"][name] = {"kernel_ms_per_step": sum(row["ms_per_step"] for row in listed.values()),
-                              "flush_ms_per_step": flush_ms, "kernels": listed}
+    torch.cuda.synchronize()
+    rows: dict[str, list[dict]] = {name: [] for name in steps}
+    host: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(iters):
+                    flush()
+                    step()
+                torch.cuda.synchronize()
+            rows[name] += timeline(chrome_trace(prof), iters, is_flush=lambda e: _is_flush(e["name"]))["iterations"]
+            host[name].append(host_us(step, 10))
+    out = {"shape": list(LEADERBOARD_SHAPE), "inputs": form, "iters": iters, "rounds": rounds, "impls": {}}
+    for name, its in rows.items():
+        kernels: dict[str, dict] = {}
+        for it in its:
+            for k in it["kernels"]:
+                row = kernels.setdefault(k["name"], {"us_per_step": 0.0, "calls_per_step": 0.0})
+                row["us_per_step"] += k["dur_us"] / len(its)
+                row["calls_per_step"] += 1 / len(its)
+        out["impls"][name] = {
+            "span_us_median": statistics.median(it["span_us"] for it in its),
+            "kernel_us_median": statistics.median(it["kernel_us"] for it in its),
+            "idle_us_median": statistics.median(it["idle_us"] for it in its),
+            "first_kernel_start_us_median": statistics.median(it["kernels"][0]["start_us"]
+                                                              for it in its if it["kernels"]),
+            "host_us_per_step": host[name],
+            "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"]))}
     return out
 
 
@@ -394,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
         _write(args.out, report)
     if args.leaderboard_profile:
-        report["leaderboard_profile"] = leaderboard_profile(args.leaderboard_profile, args.leaderboard_inputs)
-        print(json.dumps({n: round(r["kernel_ms_per_step"], 3)
+        report["leaderboard_profile"] = leaderboard_profile(args.leaderboard_profile, args.leaderboard_inputs,
+                                                            args.rounds)
+        print(json.dumps({n: {k: r[k] for k in ("span_us_median", "kernel_us_median", "idle_us_median")}
                           for n, r in report["leaderboard_profile"]["impls"].items()}), file=sys.stderr, flush=True)
     return _write(args.out, report)
 

@@ -22,18 +22,25 @@ from worker.profiling import chrome_trace
 
 
 def _short(name: str) -> str:
-    """A kernel's name without template arguments, at most 60 characters."""
-    return name.split("<")[0].split("(")[0][:60]
+    """A kernel's name without its argument list, at most 100 characters (enough to tell ATen's
+    elementwise kernels apart by functor)."""
+    return name.split("(")[0][:100]
 
 
-def timeline(trace: dict, iters: int) -> dict:
-    """Split a Chrome trace of `iters` timed iterations at the flush kernels and measure each one."""
+def _fill_or_memset(event: dict) -> bool:
+    """The flash loop's flush: its only fill kernel (256 MiB) or memset."""
+    return "fill" in event["name"].lower() or event.get("cat") == "gpu_memset"
+
+
+def timeline(trace: dict, iters: int, is_flush=_fill_or_memset) -> dict:
+    """Split a Chrome trace of `iters` timed iterations at the flush kernels (`is_flush(event)`) and
+    measure each one: span from the flush's end to the last kernel's end, kernel time, idle time."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
                  key=lambda e: e["ts"])
     runtime = [e for e in events if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver"]
-    # the flush is the one fill kernel over 256 MiB; everything between two flushes is one iteration
-    flush_idx = [i for i, e in enumerate(gpu) if "fill" in e["name"].lower() or e.get("cat") == "gpu_memset"]
+    # everything between two flushes is one iteration
+    flush_idx = [i for i, e in enumerate(gpu) if is_flush(e)]
     rows = []
     for a, b in zip(flush_idx, flush_idx[1:] + [len(gpu)], strict=True):
         flush = gpu[a]

@@ -35,3 +35,12 @@ def test_keeps_only_the_last_iterations():
     out = timeline(trace, iters=2)
     assert len(out["iterations"]) == 2
     assert all(r["kernel_us"] == 50.0 for r in out["iterations"])
+
+
+def test_a_step_with_fills_of_its_own_splits_only_at_the_given_flush():
+    flush = "vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>"
+    trace = {"traceEvents": [_k(flush, 0, 50), _k("fill_bf16", 60, 5), _k("_fwd_kernel", 70, 100),
+                             _k(flush, 200, 50), _k("fill_bf16", 250, 5), _k("_fwd_kernel", 255, 100)]}
+    out = timeline(trace, iters=5, is_flush=lambda e: "FillFunctor<int>" in e["name"])
+    assert [[k["name"] for k in r["kernels"]] for r in out["iterations"]] == [["fill_bf16", "_fwd_kernel"]] * 2
+    assert [r["span_us"] for r in out["iterations"]] == [120.0, 105.0]
