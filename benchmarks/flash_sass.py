@@ -29,7 +29,7 @@ from kernels.names import DTYPES, torch_dtype
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
 INT_ARGS = {"H", "n_q", "n_k", "seq_bucket"}
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
-FP32_TENSORS = {"L", "LD"}
+FP32_TENSORS = {"L", "Delta"}
 EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile
 
 

@@ -221,7 +221,7 @@ def _fwd_kernel(Q, K, V, O, L,
 # backward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, ld_base,
+def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
                     stride_qm, stride_qd, stride_dom, stride_dod,
                     offs_n, offs_d, n_q, lo, hi, qk_scale,
                     MASKED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
@@ -242,8 +242,6 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, ld_base,
     # 0.92-0.98x at d=64, 96 and 256 (docs/results/h200/flash_order/), so d=128 alone takes that order.
     DV_AFTER_DP: tl.constexpr = HEAD_DIM == DV_AFTER_DP_HEAD_DIM
     offs_m0 = tl.arange(0, BLOCK_M)
-    offs_pair = tl.arange(0, 2)
-    pair_fill = tl.where(offs_pair == 0, float("inf"), 0.0)[None, :]
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
@@ -263,17 +261,15 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, ld_base,
                 do = tl.load(do_ptrs)
             else:
                 do = tl.load(do_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        # one load of each row's (L * log2(e), Delta) pair: a load that feeds only a matmul's accumulator
-        # (Delta, below) is left synchronous by Triton's pipeliner; one that feeds P is prefetched
-        ld_ptrs = ld_base + offs_m[:, None] * 2 + offs_pair[None, :]
         if EVEN_M:
-            ld = tl.load(ld_ptrs)
+            lse = tl.load(l_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
         else:
-            # rows past n_q get L = +inf, so their P is exactly 0 (and Delta 0)
-            ld = tl.load(ld_ptrs, mask=offs_m[:, None] < n_q, other=pair_fill)
-        lse2, delta = tl.split(ld)
+            # rows past n_q get L = +inf, so their P is exactly 0
+            lse = tl.load(l_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
         st = tl.dot(k, qt, input_precision=INPUT_PRECISION) * qk_scale
-        pt = tl.math.exp2(st - lse2[None, :])
+        pt = tl.math.exp2(st - (lse * 1.4426950408889634)[None, :])
         if MASKED:  # causal diagonal: key j is seen by query i only when j <= i
             pt = tl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
         if not DV_AFTER_DP:
@@ -288,7 +284,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, ld_base,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LD, DK, DV,
+def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd,
@@ -329,7 +325,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LD, DK, DV,
     if TMA_DO:
         do_src = tl.make_tensor_descriptor(do_src, shape=[n_q, HEAD_DIM], strides=[stride_dom, 1],
                                            block_shape=[BLOCK_M, BLOCK_D])
-    ld_base = LD + pid_zh.to(tl.int64) * n_q * 2
+    l_base = L + pid_zh.to(tl.int64) * n_q
+    delta_base = Delta + pid_zh.to(tl.int64) * n_q
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -337,14 +334,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LD, DK, DV,
         # queries < start_n see none of these keys; [start_n, start_n+BLOCK_N) cross the diagonal
         lo_masked = start_n
         hi_masked = tl.minimum(start_n + BLOCK_N, n_q)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, ld_base,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
                                  stride_qm, stride_qd, stride_dom, stride_dod,
                                  offs_n, offs_d, n_q, lo_masked, hi_masked, qk_scale,
                                  True, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION, TMA_Q, TMA_DO)
         lo = start_n + BLOCK_N
     else:
         lo = 0
-    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, ld_base,
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, l_base, delta_base,
                              stride_qm, stride_qd, stride_dom, stride_dod,
                              offs_n, offs_d, n_q, lo, n_q, qk_scale,
                              False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION, TMA_Q, TMA_DO)
@@ -395,7 +392,7 @@ def _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, st
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, O, DO, L, LD, DQ,
+def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
                    stride_qz, stride_qh, stride_qm, stride_qd,
                    stride_kz, stride_kh, stride_kn, stride_kd,
                    stride_vz, stride_vh, stride_vn, stride_vd,
@@ -432,21 +429,15 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, LD, DQ,
         do = tl.load(do_ptrs, mask=row_mask, other=0.0)
         o = tl.load(o_ptrs, mask=row_mask, other=0.0)
     # Delta_i = rowsum(O_i * dO_i) (equals rowsum(P_i * dP_i)): this program's rows are the only ones it
-    # needs. The dK/dV kernel, launched after this one, reads every row's (L * log2(e), Delta) pair
-    # from LD, (Z*H, n_q, 2) fp32, which these programs write.
+    # needs, and the dK/dV kernel, launched after this one, reads all of them from global memory.
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    ld_ptrs = LD + pid_zh.to(tl.int64) * n_q * 2 + offs_m * 2
     if EVEN_M:
         lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m)
+        tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta)
     else:
         lse = tl.load(L + pid_zh.to(tl.int64) * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
+        tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, delta, mask=offs_m < n_q)
     lse2 = lse * 1.4426950408889634
-    if EVEN_M:
-        tl.store(ld_ptrs, lse2)
-        tl.store(ld_ptrs + 1, delta)
-    else:
-        tl.store(ld_ptrs, lse2, mask=offs_m < n_q)
-        tl.store(ld_ptrs + 1, delta, mask=offs_m < n_q)
     k_src, v_src = _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                                n_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA_KV)
 
@@ -968,8 +959,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     tile_major = _tile_major(is_causal, k, v, options.tile_major)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
 
-    # the dQ kernel runs first: besides dQ it writes each row's (L * log2(e), Delta), which dK/dV reads
-    delta = torch.empty((*lse.shape, 2), dtype=torch.float32, device=lse.device)
+    # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     constexprs = _constexprs(is_causal, d, precision, tile_major)
     tma_kv = _tma_kv(k4, v4, options)
@@ -980,12 +971,12 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                   _grid(n_q, "BLOCK_M", Z * H, tile_major), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
                   want_plan)
     dkdv = _launch("dkdv",
-                   (q4, k4, v4, do4, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
-                    *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 7,
+                   (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
+                    *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
                    _grid(n_k, "BLOCK_N", Z * H, tile_major), {**constexprs, "TMA_Q": tma_q, "TMA_DO": tma_do},
                    q, d, options, want_plan)
     if dkdv is not None and dq_ is not None:
-        shapes, dtype, device = (q.shape, k.shape, v.shape, (*lse.shape, 2)), q.dtype, q.device
+        shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 
         def plan(q, k, v, o, lse, do):
             dq = torch.empty(shapes[0], dtype=dtype, device=device)
@@ -993,7 +984,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
             delta = torch.empty(shapes[3], dtype=torch.float32, device=device)
             dq_(q, k, v, o, do, lse, delta, dq)
-            dkdv(q, k, v, do, delta, dk, dv)
+            dkdv(q, k, v, do, lse, delta, dk, dv)
             return dq, dk, dv
         plan.kernels = (dq_, dkdv)
         _remember(key, plan)
