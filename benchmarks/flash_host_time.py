@@ -213,16 +213,24 @@ def leaderboard_steps(form: str) -> dict:
 
 
 def leaderboard(rounds: int, rep_ms: int, form: str = "course") -> dict:
-    """The course's leaderboard timing: do_bench of each step, implementations in turns per round."""
+    """The course's leaderboard timing: do_bench of each step, implementations in turns per round, with
+    the median SM clock and power draw nvidia-smi saw during each do_bench."""
+    import torch
     import triton
+
+    from benchmarks.flash_timeline import SmiSampler
 
     steps = leaderboard_steps(form)
     out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
-           "ms": {}}
+           "ms": {}, "sm_clock_mhz_median": {}, "power_w_median": {}}
     for _ in range(rounds):
         for name, step in steps.items():
+            sampler = SmiSampler(torch.cuda.current_device())  # the chip clocks down under sustained load
             ms = triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25))
+            clocks, power = sampler.stop()
             out["ms"].setdefault(name, []).append(ms)
+            out["sm_clock_mhz_median"].setdefault(name, []).append(statistics.median(clocks) if clocks else None)
+            out["power_w_median"].setdefault(name, []).append(statistics.median(power) if power else None)
     out["median_ms"] = {name: statistics.median(xs) for name, xs in out["ms"].items()}
     return out
 

@@ -63,25 +63,50 @@ def timeline(trace: dict, iters: int, is_flush=_fill_or_memset) -> dict:
                               for k, v in sorted(calls.items(), key=lambda kv: -sum(kv[1]))}}
 
 
+class SmiSampler:
+    """nvidia-smi sampling one GPU's SM clock (MHz) and power draw (W) every `period_ms` from creation
+    until stop(), which returns the two lists (empty where nvidia-smi is missing)."""
+
+    def __init__(self, device: int, period_ms: int = 50):
+        import subprocess
+        import tempfile
+
+        self.file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+                                          "--format=csv,noheader,nounits", "-lms", str(period_ms),
+                                          "-i", str(device)], stdout=self.file)
+        except OSError:
+            self.proc = None
+
+    def stop(self) -> tuple[list[float], list[float]]:
+        import os
+
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+        clocks, power = [], []
+        for line in open(self.file.name).read().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                clocks.append(float(parts[0]))
+                power.append(float(parts[1]))
+            except (ValueError, IndexError):
+                continue
+        os.unlink(self.file.name)
+        return clocks, power
+
+
 def sustained(fwd_bwd, clear, flush, iters: int) -> dict:
     """Events and profiler on the same `iters` iterations, with the SM clock sampled every 50 ms.
 
     Answers whether event time above the kernels' sum is idle GPU time (span > kernel time) or
     slower kernels (span == event time, kernel durations growing as the chip clocks down).
     """
-    import os
-    import subprocess
-    import tempfile
-
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    smi_file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-    try:
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                                "-lms", "50", "-i", str(torch.cuda.current_device())], stdout=smi_file)
-    except OSError:
-        smi = None
+    sampler = SmiSampler(torch.cuda.current_device())
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for start, end in pairs:
@@ -91,22 +116,11 @@ def sustained(fwd_bwd, clear, flush, iters: int) -> dict:
             fwd_bwd()
             end.record()
         torch.cuda.synchronize()
-    if smi is not None:
-        smi.terminate()
-        smi.wait()
+    clocks, power = sampler.stop()
     rows = timeline(chrome_trace(prof), iters)["iterations"]
     event_ms = [s.elapsed_time(e) for s, e in pairs]
     names = sorted({k["name"] for r in rows for k in r["kernels"]})
     durs = {n: [k["dur_us"] for r in rows for k in r["kernels"] if k["name"] == n] for n in names}
-    clocks, power = [], []
-    for line in open(smi_file.name).read().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            clocks.append(float(parts[0]))
-            power.append(float(parts[1]))
-        except (ValueError, IndexError):
-            continue
-    os.unlink(smi_file.name)
 
     def mid(xs):
         return sorted(xs)[len(xs) // 2] if xs else None
