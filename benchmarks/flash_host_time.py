@@ -263,7 +263,8 @@ def leaderboard_profile(iters: int, form: str = "course", rounds: int = 1) -> di
                     flush()
                     step()
                 torch.cuda.synchronize()
-            rows[name] += timeline(chrome_trace(prof), iters, is_flush=lambda e: _is_flush(e["name"]))["iterations"]
+            trace = timeline(chrome_trace(prof), iters, is_flush=lambda e: L2Flusher.is_flush_kernel(e["name"]))
+            rows[name] += trace["iterations"]
             host[name].append(host_us(step, 10))
     out = {"shape": list(LEADERBOARD_SHAPE), "inputs": form, "iters": iters, "rounds": rounds, "impls": {}}
     for name, its in rows.items():
@@ -282,11 +283,6 @@ def leaderboard_profile(iters: int, form: str = "course", rounds: int = 1) -> di
             "host_us_per_step": host[name],
             "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"]))}
     return out
-
-
-def _is_flush(kernel: str) -> bool:
-    """The L2 flush is L2Flusher's zero_ of an int32 buffer: ATen's FillFunctor<int> (a step fills no ints)."""
-    return "FillFunctor<int>" in kernel
 
 
 def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | None) -> dict:

@@ -76,6 +76,12 @@ class L2Flusher:
     def __call__(self) -> None:
         self.buf.zero_()
 
+    @staticmethod
+    def is_flush_kernel(name: str) -> bool:
+        """Whether a profiled GPU kernel is this flush: ATen's fill of an int32 buffer (FillFunctor<int>),
+        which no attention step launches."""
+        return "FillFunctor<int>" in name
+
 
 def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
             setup: Callable[[], Any] | None = None, flush_l2: bool = True) -> Timing:
