@@ -46,14 +46,24 @@ def load(path: Path) -> tuple[dict, list[dict]]:
                             "samples": m.get("samples")})
                 if m.get("out_rel_err") is not None:
                     row["out_rel_err"] = m["out_rel_err"]
+                if m.get("host_bound"):
+                    row[f"{pass_}_host_bound"] = m["gpu_busy"]
             else:
                 row[f"{pass_}_error"] = f"{r['state']}: {(r.get('error') or '').splitlines()[0][:200]}"
     return env, rows + list(by_shape.values())
 
 
+def host_mark(row: dict, pass_: str) -> str:
+    """' (h 38 %)' after a host-bound cell's figure: the host's launching set its time, and the GPU
+    was busy that share of it."""
+    busy = row.get(f"{pass_}_host_bound")
+    return f" (h {busy * 100:.0f} %)" if busy is not None else ""
+
+
 def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:
     """TF/s per implementation and shape; each flash_triton variant's ms and its ratio to each SDPA
-    backend present; in fp32, each implementation's error against float64 where recorded."""
+    backend present; in fp32, each implementation's error against float64 where recorded. A host-bound
+    cell's TF/s is marked with its GPU-busy share (host_mark)."""
     shapes = []
     for r in rows:
         key = (tuple(r["shape"]), r["causal"])
@@ -76,7 +86,8 @@ def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:
               if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
         tf = {i: by.get(i, {}).get(f"{pass_}_tflops") for i in impls}
         cells = [str(shape), "yes" if causal else "no"]
-        cells += [f"{tf[i]:.0f}" if tf[i] else by.get(i, {}).get(f"{pass_}_error", "-")[:20] for i in impls]
+        cells += [f"{tf[i]:.0f}{host_mark(by.get(i, {}), pass_)}" if tf[i]
+                  else by.get(i, {}).get(f"{pass_}_error", "-")[:20] for i in impls]
         for f in flash:
             ms = by.get(f, {}).get(f"{pass_}_ms")
             cells.append(f"{ms:.3f}" if ms else "-")

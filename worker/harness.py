@@ -34,9 +34,12 @@ class Timing:
     min_ms: float
     samples: int
     samples_ms: list[float]
+    # the host's own time per sample: wall clock of issuing fn, no synchronisation (CUDA only)
+    host_median_ms: float | None = None
+    host_samples_ms: list[float] | None = None
 
     @classmethod
-    def from_samples(cls, samples_ms: list[float]) -> "Timing":
+    def from_samples(cls, samples_ms: list[float], host_samples_ms: list[float] | None = None) -> "Timing":
         if not samples_ms:
             raise ValueError("no timing samples")
         xs = sorted(samples_ms)
@@ -49,6 +52,8 @@ class Timing:
             min_ms=xs[0],
             samples=len(xs),
             samples_ms=[float(x) for x in samples_ms],
+            host_median_ms=statistics.median(host_samples_ms) if host_samples_ms else None,
+            host_samples_ms=[float(x) for x in host_samples_ms] if host_samples_ms else None,
         )
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:
@@ -83,42 +88,78 @@ class L2Flusher:
         return "FillFunctor<int>" in name
 
 
+HOST_BOUND = 0.8  # GPU busy below this fraction of the measured time: the cell is host-bound
+HEAD_START_MIN_MS = 1.0  # the shortest sleep a head-start sample queues before its work
+_SLEEP_CYCLES_PER_MS = 2_000_000  # torch.cuda._sleep spins this many clock cycles a ms at 2 GHz (longer when slower)
+
+
 def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
-            setup: Callable[[], Any] | None = None, flush_l2: bool = True) -> Timing:
-    """Time `fn` `repeats` times after `warmup` untimed calls. `setup` runs before each call, untimed."""
+            setup: Callable[[], Any] | None = None, flush_l2: bool = True, head_start: bool = False) -> Timing:
+    """Time `fn` `repeats` times after `warmup` untimed calls. `setup` runs before each call, untimed.
+
+    On CUDA each sample is the CUDA-event time around `fn`, issued back to back as a training loop
+    (or triton's do_bench) issues them: when the host takes longer to issue `fn` than the GPU takes to
+    run it, the GPU waits and the sample reads the host's pace. The host's own time per sample (wall
+    clock of issuing `fn`) is kept beside it. `head_start=True` queues a sleep kernel before each sample,
+    longer than the warm-up calls took to issue, so the host is done issuing before the GPU reaches the
+    work: the samples are then the GPU's time alone (`gpu_busy` below compares the two).
+    """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     import torch
 
     is_cuda = str(device).startswith("cuda")
+    warm_host_ms = []
     for _ in range(max(warmup, 0)):
         if setup is not None:
             setup()
+        t0 = time.perf_counter_ns()
         fn()
+        warm_host_ms.append((time.perf_counter_ns() - t0) / 1e6)
     if is_cuda:
         torch.cuda.synchronize()
         flush = L2Flusher(device) if flush_l2 else None
+        # 2x the slowest warm-up call but the first (which may compile), and at least HEAD_START_MIN_MS
+        sleep_ms = max([HEAD_START_MIN_MS, *(2 * x for x in warm_host_ms[1:])])
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        held = torch.cuda.Event()
+        host = []
         for i in range(repeats):
-            if setup is not None:
-                setup()
-            if flush is not None:
-                flush()
-            starts[i].record()
-            fn()
-            ends[i].record()
+            for _attempt in range(4):
+                if setup is not None:
+                    setup()
+                if head_start:
+                    torch.cuda._sleep(int(sleep_ms * _SLEEP_CYCLES_PER_MS))
+                    held.record()
+                if flush is not None:
+                    flush()
+                starts[i].record()
+                t0 = time.perf_counter_ns()
+                fn()
+                host_ms = (time.perf_counter_ns() - t0) / 1e6
+                ends[i].record()
+                if not (head_start and held.query()):
+                    break
+                sleep_ms *= 2  # the GPU woke before the host had issued the work: take the sample again
+            host.append(host_ms)
         torch.cuda.synchronize()
         samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    else:
-        samples = []
-        for _ in range(repeats):
-            if setup is not None:
-                setup()
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+        return Timing.from_samples(samples, host)
+    samples = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e6)
     return Timing.from_samples(samples)
+
+
+def gpu_busy(paced: Timing, gpu_alone: Timing) -> float:
+    """The share of a back-to-back sample's time (`paced`) that the GPU's own work fills (`gpu_alone`,
+    measured with a head start), at most 1; below HOST_BOUND the host sets the pace."""
+    return min(1.0, gpu_alone.median_ms / paced.median_ms)
 
 
 def reset_peak_memory(device: str) -> None:

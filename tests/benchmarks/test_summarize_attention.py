@@ -64,3 +64,24 @@ def test_a_missing_file_is_named_and_nothing_is_printed(tmp_path, capsys):
     assert exc.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and "absent.jsonl" in err
+
+
+def test_a_host_bound_cell_is_marked_with_its_gpu_busy_share(tmp_path):
+    import json
+
+    from benchmarks.summarize_attention import load, table
+
+    def cell(impl, ms, busy):
+        params = {"impl": impl, "batch": 1, "heads": 16, "seq_len": 128, "d_head": 64, "causal": True,
+                  "dtype": "bf16", "pass": "fwd_bwd"}
+        metrics = {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "tflops": 1.0 / ms, "samples": 30,
+                   "gpu_busy": busy, "host_bound": busy < 0.8}
+        return json.dumps({"kind": "cell", "state": "done", "params": params, "metrics": metrics})
+
+    path = tmp_path / "small.jsonl"
+    path.write_text(cell("flash_triton", 0.5, 0.31) + "\n" + cell("sdpa_flash", 0.4, 0.95) + "\n")
+    _, rows = load(path)
+    text = table(rows, "bf16")
+    line = next(x for x in text.splitlines() if "(1, 16, 128, 64)" in x)
+    assert "2 (h 31 %)" in line  # flash_triton: host-bound, GPU busy 31 %
+    assert line.count("(h ") == 1  # sdpa_flash kept the GPU busy: no mark

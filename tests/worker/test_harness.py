@@ -22,6 +22,33 @@ def test_measure_runs_warmup_then_repeats_with_setup():
     assert calls == {"fn": 6, "setup": 6} and t.samples == 4
 
 
+def test_timing_keeps_the_host_samples_beside_the_device_ones():
+    t = Timing.from_samples([2.0, 1.0, 3.0], host_samples_ms=[0.5, 0.1, 0.3])
+    assert t.host_median_ms == 0.3 and t.host_samples_ms == [0.5, 0.1, 0.3]
+    assert Timing.from_samples([1.0]).host_median_ms is None  # off CUDA the host's time is the sample
+
+
+@pytest.mark.gpu
+def test_a_head_start_times_the_gpu_alone_when_the_host_is_slower():
+    """A call that sleeps 5 ms on the host and then runs a short kernel: back to back, its CUDA-event
+    samples read the host's 5 ms; with a head start they read the kernel alone."""
+    import time
+
+    from worker.harness import HOST_BOUND, gpu_busy
+
+    x = torch.randn(1 << 20, device="cuda")
+
+    def host_slow():
+        time.sleep(0.005)
+        x.mul_(1.0)
+
+    paced = measure(host_slow, warmup=2, repeats=10, device="cuda")
+    alone = measure(host_slow, warmup=2, repeats=10, device="cuda", head_start=True)
+    assert paced.median_ms > 4.5 and paced.host_median_ms > 4.5
+    assert alone.median_ms < 1.0 and alone.host_median_ms > 4.5  # the host's time is the same either way
+    assert gpu_busy(paced, alone) < HOST_BOUND
+
+
 @pytest.mark.parametrize("exc,expected", [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), True),
     (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),

@@ -141,6 +141,28 @@ def test_attention_suite_records_its_error_against_float64(tmp_path):
     assert half["out_rel_err"] > 10 * m["out_rel_err"] and half["precision"] is None
 
 
+def test_attention_suite_off_cuda_has_no_gpu_time_and_is_not_host_bound(tmp_path):
+    m = run("attention", tmp_path, impl="naive", device="cpu", batch=1, heads=2, seq_len=16, d_head=16,
+            dtype="fp32", repeats=2, warmup=0)
+    assert m["gpu_ms"] is None and m["gpu_busy"] is None and m["host_bound"] is False
+    assert m["host_median_ms"] is None and len(m["samples_ms"]) == 2
+
+
+@pytest.mark.gpu
+def test_attention_suite_says_whether_the_host_or_the_gpu_set_a_cells_time(tmp_path):
+    """A tiny cell is host-bound (the GPU's work alone is far shorter than calls issued back to back);
+    a large one is not, and there its GPU time alone is close to the measured time."""
+    tiny = run("attention", tmp_path, impl="flash_pytorch", device="cuda", batch=1, heads=1, seq_len=64, d_head=64,
+               dtype="bf16", repeats=10, warmup=2)
+    big = run("attention", tmp_path, impl="sdpa", device="cuda", batch=8, heads=16, seq_len=4096, d_head=64,
+              dtype="bf16", repeats=10, warmup=2)
+    for m in (tiny, big):
+        assert 0 < m["gpu_busy"] <= 1 and m["host_bound"] == (m["gpu_busy"] < 0.8)
+        assert len(m["gpu_samples_ms"]) == 10 and m["host_median_ms"] > 0
+    assert tiny["host_bound"] and not big["host_bound"]
+    assert big["gpu_ms"] == pytest.approx(big["median_ms"], rel=0.2)
+
+
 def test_attention_error_catches_a_wrong_implementation():
     import torch
 

@@ -7,6 +7,12 @@ Every cell also records the forward's error against float64 attention on the fir
 first heads (`out_rel_err`, `out_max_abs_err`), so a faster cell that computes less exactly says so:
 fp32 in particular can mean one TF32 pass, three (tf32x3, about fp32's accuracy) or full fp32 FMAs,
 which `precision` chooses where the implementation lets it.
+
+On a GPU the time (`median_ms` and the rest) is CUDA-event time of calls issued back to back, as a
+training loop and triton's do_bench issue them; `gpu_ms` is the same scope measured again with a
+head start (worker.harness.measure), the GPU's work alone; `host_median_ms` is the host's time to
+issue one call. `gpu_busy` = gpu_ms / median_ms; below HOST_BOUND (0.8) the cell is `host_bound`: the
+host's launching, not the kernel, sets its time, and the kernel's own speed is `gpu_ms`.
 """
 from __future__ import annotations
 
@@ -112,7 +118,8 @@ def output_error(fn, q, k, v, causal: bool, heads: int = ERROR_HEADS, rows: int 
 
 
 def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeats: int, device: str):
-    """Time one scope of `fn(q, k, v, causal)`. Returns (Timing, peak_extra_bytes or None).
+    """Time one scope of `fn(q, k, v, causal)`. Returns (Timing, Timing of the GPU alone or None off
+    CUDA, peak_extra_bytes or None).
 
     fwd: a forward with no autograd graph. bwd: backward alone, graph built once and retained.
     fwd_bwd: forward then backward. Memory is measured on one extra, untimed run of the scope.
@@ -143,6 +150,9 @@ def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeat
             fn(q, k, v, causal).backward(grad)
         setup = clear_grads
     timing = measure(step, warmup=warmup, repeats=repeats, device=device, setup=setup)
+    alone = None
+    if device.startswith("cuda"):
+        alone = measure(step, warmup=1, repeats=repeats, device=device, setup=setup, head_start=True)
 
     peak_extra = None
     if device.startswith("cuda"):
@@ -153,7 +163,7 @@ def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeat
         step()
         peak_extra = peak_memory_bytes(device) - before
         clear_grads()
-    return timing, peak_extra
+    return timing, alone, peak_extra
 
 
 def run(p: Params, ctx) -> dict:
@@ -161,7 +171,7 @@ def run(p: Params, ctx) -> dict:
 
     from kernels.flops import attention_flops
     from kernels.names import torch_dtype
-    from worker.harness import SkipCell, require_runnable_attention, resolve_device
+    from worker.harness import HOST_BOUND, SkipCell, gpu_busy, require_runnable_attention, resolve_device
 
     device = resolve_device(p.device)
     dtype = torch_dtype(p.dtype)
@@ -173,18 +183,23 @@ def run(p: Params, ctx) -> dict:
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=gen).requires_grad_(needs_grad)
                for _ in range(3))
     try:
-        timing, peak_extra = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
-                                            repeats=p.repeats, device=device)
+        timing, alone, peak_extra = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
+                                                   repeats=p.repeats, device=device)
         error = output_error(fn, q, k, v, p.causal)
     except RuntimeError as exc:
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
             raise SkipCell(f"{p.impl} cannot run this configuration: {str(exc).splitlines()[0]}") from exc
         raise
     flops = attention_flops(p.batch, p.heads, p.seq_len, p.seq_len, p.d_head, p.causal, p.pass_)
+    busy = gpu_busy(timing, alone) if alone else None
     return {
         **timing.as_dict(),
         "tflops": flops / (timing.median_ms * 1e-3) / 1e12,
         "flops": flops,
+        "gpu_ms": alone.median_ms if alone else None,
+        "gpu_samples_ms": alone.samples_ms if alone else None,
+        "gpu_busy": busy,
+        "host_bound": busy is not None and busy < HOST_BOUND,
         "peak_mem_bytes": peak_extra,
         **error,
         "precision": precision if p.dtype == "fp32" else None,

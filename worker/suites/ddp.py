@@ -27,11 +27,11 @@ from pydantic import Field, model_validator
 
 from kernels.names import MODEL_ATTENTION_IMPLS, MODEL_SIZES
 from parallel.names import WRAPPER_NAMES
+from worker.harness import HOST_BOUND
 from worker.suites.common import Device, NonNegative, Positive, SuiteParams
 
 DESCRIPTION = "Data-parallel training step: naive/flat/overlapped/bucketed DDP, torch DDP, ZeRO-1, FSDP on N ranks"
 
-HOST_BOUND = 0.8  # GPU busy below this fraction of the step: the cell is host-bound
 CPU_DIMS = {"d_model": 512, "d_ff": 2048, "num_layers": 4, "num_heads": 8}  # size=auto on CPU
 GPU_SIZE = "xl"  # size=auto on a GPU: big enough that the GPUs, not the host, set the pace
 DEFAULT_CONTEXT = {"cpu": 128, "cuda": 512}
