@@ -319,6 +319,7 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
                 fn()
         return call
 
+    pointer = ft.LaunchOptions(tma=False)  # the same kernels with pointer loads: no in-kernel descriptors
     pieces = {
         "forward_launcher": nograd(lambda: ft.flash_attention_forward(q, k, v, causal)),
         "apply_no_grad": nograd(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal)),
@@ -327,10 +328,15 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
         "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal),
         "fwd_bwd": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward(),
         "fwd_bwd_given_grad": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).backward(do),
+        "backward_launcher_pointer_loads": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal,
+                                                                               options=pointer),
+        "fwd_bwd_given_grad_pointer_loads": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal, "tf32",
+                                                                                  pointer).backward(do),
         "clone_sum_backward": lambda: q.clone().sum().backward(),
         "identity_function_sum_backward": lambda: Identity.apply(q).sum().backward(),
         "sdpa_forward": nograd(lambda: sdpa(q, k, v, is_causal=causal)),
         "sdpa_fwd_bwd": lambda: sdpa(q, k, v, is_causal=causal).sum().backward(),
+        "sdpa_fwd_bwd_given_grad": lambda: sdpa(q, k, v, is_causal=causal).backward(do),
         "empty_like_x4": lambda: [torch.empty_like(q) for _ in range(4)],
     }
     for fn in pieces.values():  # compile, autotune and plan first
