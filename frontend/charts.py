@@ -41,7 +41,8 @@ def _sort_key(v):
 
 def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], facets: list[str], title: str,
                 y_title: str, log_x: bool = True, log_y: bool = False, scale: float = 1.0) -> go.Figure | None:
-    """One subplot per facet value, one line per series value; OOM/skipped/failed cells drawn as x markers."""
+    """One subplot per facet value, one line per series value; OOM/skipped/failed cells drawn as x markers,
+    host-bound cells hollow with their GPU-busy share in the hover."""
     done = [r for r in rows if r.get("state") == "done" and isinstance(r.get(y), (int, float))]
     bad = [r for r in rows if r.get("state") in PROBLEM_STATES]
     if not done and not bad:
@@ -65,9 +66,12 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
                 if y == "median_ms" and all("p20_ms" in r and "p80_ms" in r for r in pts):
                     err = dict(type="data", symmetric=False, array=[(r["p80_ms"] - r[y]) * scale for r in pts],
                                arrayminus=[(r[y] - r["p20_ms"]) * scale for r in pts], thickness=1)
+                notes = [_host_bound_note(r) for r in pts]
                 fig.add_trace(go.Scatter(x=[r.get(x) for r in pts], y=[r[y] * scale for r in pts], mode="lines+markers",
                                          name=sv, legendgroup=sv, showlegend=sv not in shown, error_y=err,
-                                         line=dict(color=colors[sv])), row=rr, col=cc)
+                                         line=dict(color=colors[sv]), hovertext=notes,
+                                         marker=dict(symbol=["circle-open" if n else "circle" for n in notes])),
+                              row=rr, col=cc)
                 shown.add(sv)
             marks = [r for r in bad if _label(r, facets) == fv and _label(r, series) == sv]
             if marks:

@@ -85,3 +85,9 @@ def test_a_host_bound_cell_is_marked_with_its_gpu_busy_share(tmp_path):
     line = next(x for x in text.splitlines() if "(1, 16, 128, 64)" in x)
     assert "2 (h 31 %)" in line  # flash_triton: host-bound, GPU busy 31 %
     assert line.count("(h ") == 1  # sdpa_flash kept the GPU busy: no mark
+
+
+def test_the_leaderboard_shape_is_found_with_its_heads_axis():
+    # the spec runs it as batch 16, heads 1: (16, 1, 16384, 64)
+    out = "\n".join(goals([_row("flash_triton", (16, 1, 16384, 64), True, "bf16", 400, ms=4.6)]))
+    assert "4.600 ms median" in out and "goal <= 5.0 ms: met" in out

@@ -82,3 +82,16 @@ def test_collective_time_chart_bars_down_to_the_rank_that_waited_least():
     old = next(f for f in sweep_figures("ddp", [ddp_row("bucketed", b, 20) for b in (1, 10)])
                if "collectives" in f["layout"]["title"]["text"])
     assert "error_y" not in old["data"][0] or not old["data"][0]["error_y"].get("array")
+
+
+def test_attention_latency_draws_a_host_bound_cell_hollow_and_says_why():
+    def row(seq, median, busy):
+        return {"params": {"impl": "flash_triton", "seq_len": seq}, "state": "done", "job_id": seq, "error": None,
+                "metrics": {"median_ms": median, "p20_ms": median, "p80_ms": median, "tflops": 1.0,
+                            "gpu_busy": busy, "host_bound": busy < 0.8}}
+
+    figs = sweep_figures("attention", [row(128, 0.5, 0.06), row(4096, 2.0, 0.97)])
+    latency = next(f for f in figs if f["layout"]["title"]["text"].startswith("Latency"))
+    trace = latency["data"][0]
+    assert list(trace["marker"]["symbol"]) == ["circle-open", "circle"]
+    assert list(trace["hovertext"]) == ["host-bound: 6 % GPU busy", ""]
