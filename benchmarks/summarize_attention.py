@@ -106,17 +106,35 @@ def goals(rows: list[dict]) -> list[str]:
         return {r["impl"]: r for r in rows
                 if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
 
+    def speedups(ref: str, min_seq: int) -> list[tuple[float, dict]]:
+        """(flash_triton's bf16 fwd+bwd speed / ref's, flash_triton's row) per 4-d shape with seq >= min_seq."""
+        found = []
+        for r in rows:
+            if r["impl"] == "flash_triton" and r["dtype"] == "bf16" and r["S"] >= min_seq and len(r["shape"]) == 4:
+                other = by(tuple(r["shape"]), r["causal"], "bf16").get(ref, {})
+                if r.get("fwd_bwd_tflops") and other.get("fwd_bwd_tflops"):
+                    found.append((r["fwd_bwd_tflops"] / other["fwd_bwd_tflops"], r))
+        return found
+
     out = []
-    ratios = []
-    for r in rows:
-        if r["impl"] == "flash_triton" and r["dtype"] == "bf16" and r["S"] >= 2048 and len(r["shape"]) == 4:
-            other = by(tuple(r["shape"]), r["causal"], "bf16").get("sdpa_flash", {})
-            if r.get("fwd_bwd_tflops") and other.get("fwd_bwd_tflops"):
-                ratios.append(r["fwd_bwd_tflops"] / other["fwd_bwd_tflops"])
+    ratios = [x for x, _ in speedups("sdpa_flash", 2048)]
     if ratios:
         out.append(f"- bf16 fwd+bwd at seq >= 2048 (d 64/128, causal and not, {len(ratios)} shapes): "
                    f"{min(ratios):.2f}x to {max(ratios):.2f}x SDPA flash (goal >= 1.2x: "
                    f"{'met' if min(ratios) >= 1.2 else 'not met'})")
+    # issue 15: at least SDPA-cuDNN's speed at seq >= 4096, and at least SDPA flash's on every shape
+    cudnn = [x for x, _ in speedups("sdpa_cudnn", 4096)]
+    if cudnn:
+        below = sum(x < 1.0 for x in cudnn)
+        out.append(f"- bf16 fwd+bwd at seq >= 4096 ({len(cudnn)} shapes): {min(cudnn):.2f}x to {max(cudnn):.2f}x "
+                   f"cuDNN (goal >= 1.0x on every shape: {'met' if not below else f'not met, below on {below}'})")
+    every = speedups("sdpa_flash", 0)
+    if every:
+        losing = [r for x, r in every if x < 1.0]
+        hosted = sum(r.get("fwd_bwd_host_bound") is not None for r in losing)
+        out.append(f"- bf16 fwd+bwd on every shape ({len(every)}): {min(x for x, _ in every):.2f}x to "
+                   f"{max(x for x, _ in every):.2f}x SDPA flash (goal >= 1.0x on every shape: "
+                   + ("met)" if not losing else f"not met, below on {len(losing)}, {hosted} of them host-bound)"))
     lb = (by((16, 16384, 64), True, "bf16") or by((16, 1, 16384, 64), True, "bf16")).get("flash_triton", {})
     if lb.get("fwd_bwd_ms"):
         out.append(f"- leaderboard (16, 16384, 64) causal bf16 fwd+bwd: {lb['fwd_bwd_ms']:.3f} ms median "

@@ -91,3 +91,19 @@ def test_the_leaderboard_shape_is_found_with_its_heads_axis():
     # the spec runs it as batch 16, heads 1: (16, 1, 16384, 64)
     out = "\n".join(goals([_row("flash_triton", (16, 1, 16384, 64), True, "bf16", 400, ms=4.6)]))
     assert "4.600 ms median" in out and "goal <= 5.0 ms: met" in out
+
+
+def test_issue_15s_goals_count_the_shapes_below_and_the_host_bound_among_them():
+    rows = [
+        _row("flash_triton", (1, 16, 8192, 64), True, "bf16", 420),
+        _row("sdpa_cudnn", (1, 16, 8192, 64), True, "bf16", 440),
+        _row("sdpa_flash", (1, 16, 8192, 64), True, "bf16", 280),
+        _row("flash_triton", (1, 16, 4096, 128), False, "bf16", 500),
+        _row("sdpa_cudnn", (1, 16, 4096, 128), False, "bf16", 480),
+        dict(_row("flash_triton", (1, 16, 128, 64), True, "bf16", 1), fwd_bwd_host_bound=0.06),
+        _row("sdpa_flash", (1, 16, 128, 64), True, "bf16", 2),
+    ]
+    out = "\n".join(goals(rows))
+    assert "seq >= 4096 (2 shapes): 0.95x to 1.04x cuDNN (goal >= 1.0x on every shape: not met, below on 1)" in out
+    assert "every shape (2): 0.50x to 1.50x SDPA flash (goal >= 1.0x on every shape: not met, below on 1, " \
+           "1 of them host-bound)" in out
