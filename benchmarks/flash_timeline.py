@@ -85,8 +85,11 @@ class SmiSampler:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
+        self.file.close()
         clocks, power = [], []
-        for line in open(self.file.name).read().splitlines():
+        with open(self.file.name) as f:
+            lines = f.read().splitlines()
+        for line in lines:
             parts = [p.strip() for p in line.split(",")]
             try:
                 clocks.append(float(parts[0]))

@@ -100,7 +100,7 @@ def test_issue_15s_goals_count_the_shapes_below_and_the_host_bound_among_them():
         _row("sdpa_flash", (1, 16, 8192, 64), True, "bf16", 280),
         _row("flash_triton", (1, 16, 4096, 128), False, "bf16", 500),
         _row("sdpa_cudnn", (1, 16, 4096, 128), False, "bf16", 480),
-        dict(_row("flash_triton", (1, 16, 128, 64), True, "bf16", 1), fwd_bwd_host_bound=0.06),
+        dict(_row("flash_triton", (1, 16, 128, 64), True, "bf16", 1), fwd_bwd_host_bound=True, fwd_bwd_gpu_busy=0.06),
         _row("sdpa_flash", (1, 16, 128, 64), True, "bf16", 2),
     ]
     out = "\n".join(goals(rows))
