@@ -153,43 +153,6 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, 
 
 
 @triton.jit
-def _fwd_inner_ahead(acc, l_i, m_i, q, k_src, v_src, lo, hi, qk_scale,
-                     BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulate the unmasked key tiles [lo, hi) (hi > lo) as _fwd_inner does, with scores one tile
-    ahead: the tensor cores compute the next tile's S while the warps run this tile's softmax.
-    k_src, v_src: tensor descriptors (rows past n_k load as zeros, so the last lookahead is safe).
-
-    Triton 3.6/3.7 lets a matmul run on past the next instruction only when its result is used after
-    a wait for every outstanding matmul later in the loop body (or only as another matmul's
-    accumulator). So each step starts with the previous tile's P V, whose result the rescale below
-    reads: that matmul is waited for at once, and S of the next tile, issued after it, stays in
-    flight through exp2 until the next step's wait. Per step: P V alone, then S overlapping softmax,
-    where _fwd_inner runs S, softmax and P V one after the other.
-
-    Same sums in the same order as _fwd_inner. The costs: one P V of zeros on entry, and one S of the
-    tile after `hi` on the last step (zeros past n_k, else the diagonal tile), about 1/number-of-tiles
-    of the matmul work.
-    """
-    s = tl.dot(q, k_src.load([lo, 0]).T, input_precision=INPUT_PRECISION)
-    p = tl.zeros(s.shape, dtype=q.dtype)  # "previous tile's P" on entry: adds nothing
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        v = v_src.load([tl.maximum(start_n - BLOCK_N, lo), 0])
-        acc = tl.dot(p, v, acc, input_precision=INPUT_PRECISION)  # previous tile's P V
-        s_next = tl.dot(q, k_src.load([start_n + BLOCK_N, 0]).T, input_precision=INPUT_PRECISION)
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        p = p.to(q.dtype)
-        m_i = m_new
-        s = s_next
-    acc = tl.dot(p, v_src.load([hi - BLOCK_N, 0]), acc, input_precision=INPUT_PRECISION)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _fwd_kernel(Q, K, V, O, L,
                 stride_qz, stride_qh, stride_qm, stride_qd,
                 stride_kz, stride_kh, stride_kn, stride_kd,
@@ -231,14 +194,9 @@ def _fwd_kernel(Q, K, V, O, L,
     else:
         hi_unmasked = n_full
         hi = n_k
-    if TMA_KV:
-        if hi_unmasked > 0:
-            acc, l_i, m_i = _fwd_inner_ahead(acc, l_i, m_i, q, k_src, v_src, 0, hi_unmasked, qk_scale,
-                                             BLOCK_N, INPUT_PRECISION)
-    else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   offs_m, offs_d, n_k, 0, hi_unmasked, qk_scale,
-                                   False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                               offs_m, offs_d, n_k, 0, hi_unmasked, qk_scale,
+                               False, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                offs_m, offs_d, n_k, hi_unmasked, hi, qk_scale,
                                True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
@@ -760,7 +718,7 @@ TMA_HEAD_DIMS = (64, 128)
 # The forward streams K and V through descriptors only at d=128: in turns against its pointer loads
 # (docs/results/h200/flash_tma/) it ran 0.92x-1.0x on five d=64 shapes, and 0.94x-1.11x on four d=128
 # shapes (gaining on three of five d=128 measurements). The dQ and dK/dV kernels take them at both.
-TMA_FWD_HEAD_DIMS = (64, 128)
+TMA_FWD_HEAD_DIMS = (128,)
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
