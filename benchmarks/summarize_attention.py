@@ -99,8 +99,9 @@ def table(rows: list[dict], dtype: str, pass_: str = "fwd_bwd") -> str:
 
 
 def goals(rows: list[dict]) -> list[str]:
-    """Issue 3's figures, checked on the rows present: bf16 fwd+bwd vs SDPA flash at seq >= 2048, the
-    leaderboard shape, fp32 vs SDPA efficient at seq >= 8192."""
+    """The goals of issues 3 and 15, checked on the rows present: bf16 fwd+bwd vs SDPA flash at seq >= 2048
+    and on every shape, vs cuDNN at seq >= 4096, the leaderboard shape (and vs cuDNN there), fp32 vs SDPA
+    efficient at seq >= 8192."""
     def by(shape, causal, dtype):
         return {r["impl"]: r for r in rows
                 if tuple(r["shape"]) == shape and r["causal"] == causal and r["dtype"] == dtype}
@@ -134,11 +135,17 @@ def goals(rows: list[dict]) -> list[str]:
         out.append(f"- bf16 fwd+bwd on every shape ({len(every)}): {min(x for x, _ in every):.2f}x to "
                    f"{max(x for x, _ in every):.2f}x SDPA flash (goal >= 1.0x on every shape: "
                    + ("met)" if not losing else f"not met, below on {len(losing)}, {hosted} of them host-bound)"))
-    lb = (by((16, 16384, 64), True, "bf16") or by((16, 1, 16384, 64), True, "bf16")).get("flash_triton", {})
+    lb_impls = by((16, 16384, 64), True, "bf16") or by((16, 1, 16384, 64), True, "bf16")
+    lb, lb_cudnn = lb_impls.get("flash_triton", {}), lb_impls.get("sdpa_cudnn", {})
     if lb.get("fwd_bwd_ms"):
-        out.append(f"- leaderboard (16, 16384, 64) causal bf16 fwd+bwd: {lb['fwd_bwd_ms']:.3f} ms median "
-                   f"(p20 {lb['fwd_bwd_p20_ms']:.3f}; "
-                   f"goal <= 5.0 ms: {'met' if lb['fwd_bwd_ms'] <= 5.0 else 'not met'})")
+        ms = lb["fwd_bwd_ms"]
+        # issue 15 sets it at 4.5 ms and below cuDNN's; it judges the course's own timing
+        # (benchmarks/flash_host_time --leaderboard-only), which this suite's harness only approximates
+        beat = f" and below cuDNN's {lb_cudnn['fwd_bwd_ms']:.3f}" if lb_cudnn.get("fwd_bwd_ms") else ""
+        met = ms <= 4.5 and (not beat or ms < lb_cudnn["fwd_bwd_ms"])
+        out.append(f"- leaderboard (16, 16384, 64) causal bf16 fwd+bwd: {ms:.3f} ms median "
+                   f"(p20 {lb['fwd_bwd_p20_ms']:.3f}; goal <= 5.0 ms: {'met' if ms <= 5.0 else 'not met'}; "
+                   f"goal <= 4.5 ms{beat}, as this suite times it: {'met' if met else 'not met'})")
     fp32, like = [], []
     for r in rows:
         if r["impl"].startswith("flash_triton") and r["dtype"] == "fp32" and r["S"] >= 8192:

@@ -1,4 +1,6 @@
-"""The summary checks issue 3's goals on whatever rows it is given, and says when one is missed."""
+"""The summary checks issues 3 and 15's goals on whatever rows it is given, and says when one is missed."""
+import pytest
+
 from benchmarks.summarize_attention import goals
 
 
@@ -91,6 +93,16 @@ def test_the_leaderboard_shape_is_found_with_its_heads_axis():
     # the spec runs it as batch 16, heads 1: (16, 1, 16384, 64)
     out = "\n".join(goals([_row("flash_triton", (16, 1, 16384, 64), True, "bf16", 400, ms=4.6)]))
     assert "4.600 ms median" in out and "goal <= 5.0 ms: met" in out
+    assert "goal <= 4.5 ms, as this suite times it: not met" in out  # no cuDNN row: the 4.5 ms bar alone
+
+
+@pytest.mark.parametrize(("ours", "cudnn", "verdict"), [(4.4, 4.45, "met"), (4.4, 4.3, "not met"),
+                                                        (4.6, 4.7, "not met")])
+def test_the_leaderboard_goal_of_issue_15_needs_4_5_ms_and_a_win_over_cudnn(ours, cudnn, verdict):
+    shape = (16, 1, 16384, 64)
+    out = "\n".join(goals([_row("flash_triton", shape, True, "bf16", 400, ms=ours),
+                           _row("sdpa_cudnn", shape, True, "bf16", 390, ms=cudnn)]))
+    assert f"goal <= 4.5 ms and below cuDNN's {cudnn:.3f}, as this suite times it: {verdict})" in out
 
 
 def test_issue_15s_goals_count_the_shapes_below_and_the_host_bound_among_them():
