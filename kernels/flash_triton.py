@@ -794,29 +794,75 @@ def _remember(key: tuple, plan) -> None:
 
 class _KernelPlan:
     """One compiled kernel bound to a call signature: `plan(*tensors)` launches it on the current stream
-    with the tensors' new addresses and the fixed rest (scalars, then constexprs, which Triton's
-    compiled launcher takes in signature order and skips), through the launcher Triton's own
-    `compiled[grid](...)` calls, minus that wrapper's per-call lookups. A kernel that builds tensor
-    descriptors (`scratch`) first makes sure this thread has Triton's scratch allocator."""
+    with the tensors' new addresses and the fixed rest (scalars, then constexprs, which the compiled
+    launcher takes in signature order and skips).
 
-    __slots__ = ("launcher", "grid", "function", "metadata", "fixed", "device", "scratch")
+    It calls the C function under Triton's launcher object (`compiled.run.launch`) itself, with what
+    that object's `__call__` and `compiled[grid]` would add worked out once: the grid, the kernel's
+    launch flags, no launch metadata or hooks. Tensors go in as integer addresses, which the C side
+    takes as they are; a tensor object would cost it a `data_ptr()` call and a driver query
+    (`cuPointerGetAttribute`) each. A kernel that builds tensor descriptors gets its global scratch
+    (`scratch_bytes`, 128 bytes a descriptor a program) from `_stream_scratch`.
+    """
 
-    def __init__(self, compiled, grid: tuple, fixed: tuple, device: int, scratch: bool):
-        self.launcher, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
-        self.grid, self.fixed, self.device, self.scratch = grid, fixed, device, scratch
+    __slots__ = ("launch", "grid", "head", "tail", "fixed", "device", "scratch_bytes")
+
+    def __init__(self, launcher, function, packed_metadata, grid: tuple, fixed: tuple, device: int):
+        self.launch, self.grid, self.fixed, self.device = launcher.launch, grid, fixed, device
+        self.head = (function, launcher.launch_cooperative_grid, launcher.launch_pdl)
+        self.tail = (packed_metadata, None, None, None)  # launch metadata, enter hook, exit hook
+        n_programs = grid[0] * grid[1] * grid[2] * launcher.num_ctas
+        self.scratch_bytes = n_programs * launcher.global_scratch_size
 
     def __call__(self, *tensors):
-        if self.scratch:
-            _ensure_scratch_allocator()
-        self.launcher(*self.grid, _current_stream(self.device), self.function, self.metadata, None, None, None,
-                      *tensors, *self.fixed)
+        stream = _current_stream(self.device)
+        scratch = _stream_scratch(self.device, stream, self.scratch_bytes) if self.scratch_bytes else None
+        self.launch(*self.grid, stream, *self.head, scratch, None, *self.tail, *map(_DATA_PTR, tensors), *self.fixed)
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+_SCRATCH: dict[int, torch.Tensor] = {}  # stream handle -> the descriptor scratch of kernels launched on it
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _stream_scratch(device: int, stream: int, nbytes: int):
+    """Global memory for a launch's in-kernel tensor descriptors, on `stream`.
+
+    Each program writes its descriptors to its own slot before it loads through them, and kernels on
+    one stream run one after another, so every launch on a stream can share one buffer: it is kept per
+    stream handle and grown when a launch needs more (the old block goes back to the caching allocator
+    in stream order, after the kernels queued on it). Under CUDA-graph capture a launch gets a fresh
+    block from the graph's pool instead, as Triton's own allocator gives it: a captured graph can be
+    replayed on another stream while this stream runs, and the two must not share slots.
+    """
+    if _capturing():
+        return torch.empty(nbytes, dtype=torch.int8, device=f"cuda:{device}")
+    buf = _SCRATCH.get(stream)
+    if buf is None or buf.numel() < nbytes:
+        buf = _SCRATCH[stream] = torch.empty(nbytes, dtype=torch.int8, device=f"cuda:{device}")
+    return buf.data_ptr()
+
+
+def _direct_launcher(compiled):
+    """Triton's launcher object for `compiled` when its C launch function can be called as _KernelPlan does
+    (this Triton's CudaLauncher: the launch flags and scratch sizes as attributes, no profiler scratch,
+    scratch alignment the caching allocator's 512-byte blocks meet), else None."""
+    launcher = compiled.run
+    needed = ("launch", "launch_cooperative_grid", "launch_pdl", "num_ctas", "global_scratch_size",
+              "global_scratch_align", "profile_scratch_size")
+    if not all(hasattr(launcher, a) for a in needed):
+        return None
+    if launcher.profile_scratch_size or (launcher.global_scratch_size and 512 % launcher.global_scratch_align):
+        return None
+    return launcher
 
 
 def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict, tiles: tuple[int, int],
                  grid, device: int, scratch: bool = False):
     """A plan for `compiled` (launched first with runtime `args`, the leading `n_tensors` of them tensors,
-    on (BLOCK_M, BLOCK_N) `tiles`), or None when this Triton's compiled kernel cannot be launched directly.
-    `scratch`: the kernel builds tensor descriptors, so each launch needs Triton's scratch allocator."""
+    on (BLOCK_M, BLOCK_N) `tiles`), or None when this Triton's compiled kernel cannot be launched by a plan.
+    `scratch`: the kernel builds tensor descriptors, so a launch through Triton's wrapper needs Triton's
+    scratch allocator on this thread."""
     from triton import knobs
 
     if compiled is None or not hasattr(compiled, "_init_handles"):
@@ -833,15 +879,17 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     grid = tuple(grid(named) if callable(grid) else grid)
     grid = grid + (1,) * (3 - len(grid))  # the compiled launcher reads all three axes
     hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-    if any(h is not None and getattr(h, "calls", True) for h in hooks):  # a HookChain with calls, or a callable
-        runner = compiled[grid]  # a profiler's launch hooks are installed: keep Triton's wrapper, which calls them
+    hooked = any(h is not None and getattr(h, "calls", True) for h in hooks)  # a HookChain with calls, or a callable
+    launcher = None if hooked else _direct_launcher(compiled)
+    if launcher is None:  # e.g. a profiler's launch hooks are installed: keep Triton's wrapper, which calls them
+        runner = compiled[grid]
 
         def run(*tensors):
             if scratch:
                 _ensure_scratch_allocator()
             runner(*tensors, *fixed)
         return run
-    return _KernelPlan(compiled, grid, fixed, device, scratch)
+    return _KernelPlan(launcher, compiled.function, compiled.packed_metadata, grid, fixed, device)
 
 
 def _constexprs(is_causal: bool, head_dim: int, precision: str, tile_major: bool) -> dict:

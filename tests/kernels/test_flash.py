@@ -515,10 +515,13 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
     assert {key[0] for key in ft._PLANS} == {"fwd", "bwd"}  # both directions planned
     # with no Triton launch hooks installed, every kernel launches through the direct path
     assert all(isinstance(kernel, ft._KernelPlan) for plan in ft._PLANS.values() for kernel in plan.kernels)
+    # the backward's kernels load through descriptors (16-bit, d 64 and 128): their scratch is this stream's
+    assert any(kernel.scratch_bytes for kernel in ft._PLANS[next(k for k in ft._PLANS if k[0] == "bwd")].kernels)
     for _ in range(2):
         again = _run(FlashAttentionTriton, q, k, v, do, causal, torch.bfloat16)
         for a, b in zip(first[:1] + first[2:], again[:1] + again[2:], strict=True):
             assert torch.equal(a, b)
+    assert torch.cuda.current_stream().cuda_stream in ft._SCRATCH  # the replays shared this stream's buffer
     # a plan skips the input checks, so inputs that differ only in what the checks look at must miss it
     qc, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
     with pytest.raises(TypeError, match="share a dtype"):
@@ -578,51 +581,127 @@ def test_gpu_model_with_flash_compiles_as_one_graph_under_inductor():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
 
 
-def test_a_kernel_plan_hands_the_compiled_launcher_new_tensors_and_the_fixed_rest(monkeypatch):
-    # the direct path's argument order (Triton's compiled launcher: grid, stream, function, metadata,
-    # launch metadata, two hooks, then every parameter in signature order) only runs on a GPU host;
-    # here a recording stand-in for the compiled kernel checks it
+def _recording_compiled(calls: list, scratch_size: int = 0, **launcher_attrs):
+    """A stand-in for a Triton 3.6 compiled kernel whose launcher records what it is called with."""
+    from types import SimpleNamespace
+
+    def launch(*args):
+        calls.append(("direct", args))
+
+    attrs = dict(launch=launch, launch_cooperative_grid=0, launch_pdl=0, num_ctas=1,
+                 global_scratch_size=scratch_size, global_scratch_align=128, profile_scratch_size=0)
+    attrs.update(launcher_attrs)
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+        run = SimpleNamespace(**attrs)
+
+        def _init_handles(self):
+            pass
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("wrapper", grid, args))
+
+    return Compiled()
+
+
+def _plan_for(compiled):
+    """A kernel plan over a two-tensor kernel with a (cdiv(100, BLOCK_M), 3) grid, tiles (64, 32), on device 5."""
     from types import SimpleNamespace
 
     import triton
+
+    import kernels.flash_triton as ft
+
+    jit_fn = SimpleNamespace(arg_names=["Q", "O", "n_q", "n_k", "HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N",
+                                        "EVEN_M", "EVEN_N", "EVEN_D"])
+    q, o = torch.zeros(1), torch.zeros(1)
+    return ft._kernel_plan(jit_fn, compiled, (q, o, 100, 96), 2, {"HEAD_DIM": 64, "BLOCK_D": 64},
+                           (64, 32), lambda meta: (triton.cdiv(100, meta["BLOCK_M"]), 3), 5)
+
+
+_PLAN_FIXED = (100, 96, 64, 64, 64, 32, False, True, True)  # scalars, then constexprs with the EVEN_* rules applied
+
+
+def test_a_kernel_plan_hands_the_c_launcher_addresses_and_the_fixed_rest(monkeypatch):
+    # the direct path's argument order (Triton 3.6's C launch function: grid, stream, function, the two
+    # launch flags, global and profile scratch, metadata, launch metadata, two hooks, then every
+    # parameter in signature order) only runs on a GPU host; here a recording stand-in checks it
     from triton import knobs
 
     import kernels.flash_triton as ft
 
     calls = []
-
-    class Compiled:
-        function, packed_metadata = "fn", "meta"
-
-        def _init_handles(self):
-            pass
-
-        def run(self, *args):
-            calls.append(("direct", args))
-
-        def __getitem__(self, grid):
-            return lambda *args: calls.append(("wrapper", grid, args))
-
-    jit_fn = SimpleNamespace(arg_names=["Q", "O", "n_q", "n_k", "HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N",
-                                        "EVEN_M", "EVEN_N", "EVEN_D"])
-    q, o = torch.zeros(1), torch.zeros(1)
     monkeypatch.setattr(ft, "_current_stream", lambda device: f"stream{device}")
-
-    def make():
-        return ft._kernel_plan(jit_fn, Compiled(), (q, o, 100, 96), 2, {"HEAD_DIM": 64, "BLOCK_D": 64},
-                               (64, 32), lambda meta: (triton.cdiv(100, meta["BLOCK_M"]), 3), 5)
-    fixed = (100, 96, 64, 64, 64, 32, False, True, True)  # scalars, then constexprs with the EVEN_* rules applied
-    plan = make()
+    plan = _plan_for(_recording_compiled(calls))
     assert isinstance(plan, ft._KernelPlan)
     q2, o2 = torch.ones(1), torch.ones(1)
     plan(q2, o2)
-    assert calls[-1] == ("direct", (2, 3, 1, "stream5", "fn", "meta", None, None, None, q2, o2, *fixed))
+    # tensors go in as integer addresses; no descriptors, so no scratch
+    assert calls[-1] == ("direct", (2, 3, 1, "stream5", "fn", 0, 0, None, None, "meta", None, None, None,
+                                    q2.data_ptr(), o2.data_ptr(), *_PLAN_FIXED))
 
     hook = lambda *a: None  # noqa: E731 (a profiler's launch hook)
     knobs.runtime.launch_enter_hook.add(hook)
     try:
-        plan = make()  # with a hook installed the plan keeps Triton's wrapper, which calls the hooks
+        plan = _plan_for(_recording_compiled(calls))  # with a hook the plan keeps Triton's wrapper, which calls it
         plan(q2, o2)
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
-    assert calls[-1] == ("wrapper", (2, 3, 1), (q2, o2, *fixed))
+    assert calls[-1] == ("wrapper", (2, 3, 1), (q2, o2, *_PLAN_FIXED))
+
+
+def test_a_kernel_plan_gives_a_descriptor_kernel_scratch_for_every_program(monkeypatch):
+    import kernels.flash_triton as ft
+
+    calls, asked = [], []
+    monkeypatch.setattr(ft, "_current_stream", lambda device: 77)
+    monkeypatch.setattr(ft, "_stream_scratch", lambda device, stream, nbytes: asked.append((device, stream, nbytes))
+                        or 4096)
+    plan = _plan_for(_recording_compiled(calls, scratch_size=256, num_ctas=1))
+    plan(torch.ones(1), torch.ones(1))
+    assert asked == [(5, 77, 2 * 3 * 256)]  # grid (2, 3, 1), 256 bytes a program
+    assert calls[-1][1][7] == 4096  # the scratch address, in the global-scratch slot
+
+
+@pytest.mark.parametrize("attrs,missing", [(dict(profile_scratch_size=64), None),
+                                           (dict(scratch_size=256, global_scratch_align=1024), None),
+                                           ({}, "launch_pdl")])
+def test_a_kernel_plan_keeps_tritons_wrapper_where_the_launcher_is_not_the_one_it_knows(attrs, missing):
+    # profiler scratch, a scratch alignment the caching allocator does not promise, or a launcher of
+    # another shape (another Triton)
+    import kernels.flash_triton as ft
+
+    calls = []
+    compiled = _recording_compiled(calls, **attrs)
+    if missing:
+        delattr(compiled.run, missing)
+    plan = _plan_for(compiled)
+    assert not isinstance(plan, ft._KernelPlan)
+    q2, o2 = torch.ones(1), torch.ones(1)
+    plan(q2, o2)
+    assert calls[-1] == ("wrapper", (2, 3, 1), (q2, o2, *_PLAN_FIXED))
+
+
+def test_stream_scratch_is_shared_per_stream_grown_on_demand_and_fresh_under_capture(monkeypatch):
+    import kernels.flash_triton as ft
+
+    made = []
+
+    def fake_empty(n, dtype, device):
+        made.append((n, device))
+        return torch.zeros(n, dtype=dtype)
+
+    monkeypatch.setattr(ft, "_SCRATCH", {})
+    monkeypatch.setattr(ft.torch, "empty", fake_empty)
+    monkeypatch.setattr(ft, "_capturing", lambda: False)
+    a = ft._stream_scratch(0, 11, 512)
+    assert ft._stream_scratch(0, 11, 256) == a  # a smaller launch on the same stream reuses the buffer
+    b = ft._stream_scratch(0, 22, 256)  # another stream gets its own
+    c = ft._stream_scratch(0, 11, 1024)  # a larger launch grows the stream's buffer
+    assert ft._stream_scratch(0, 11, 1024) == c
+    assert made == [(512, "cuda:0"), (256, "cuda:0"), (1024, "cuda:0")] and len({a, b, c}) == 3
+    monkeypatch.setattr(ft, "_capturing", lambda: True)
+    fresh = ft._stream_scratch(0, 11, 256)
+    assert isinstance(fresh, torch.Tensor) and made[-1] == (256, "cuda:0")  # its own block, kept by the graph's pool
+    assert ft._SCRATCH[11].numel() == 1024  # and the stream's buffer untouched
