@@ -194,8 +194,8 @@ class Job(SQLModel, table=True):
 class Result(SQLModel, table=True):
     """The metrics of one attempt of one job (a retried job keeps its earlier attempts).
 
-    (job_id, attempt) is unique: a redelivered message, or a result arriving after the reaper
-    declared the worker lost, does not write a second row.
+    (job_id, attempt) is unique: a redelivered message does not write a second row, and a result
+    arriving after the reaper declared the worker lost replaces the reaper's row.
     """
 
     __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_result_job_attempt"),)

@@ -11,7 +11,9 @@ GET /api/dead-letters, counted on /api/health) and is acknowledged: it never blo
 
 Between messages the recorder also runs the reaper (service.reap_lost_jobs) every
 `reap_interval_s`: jobs whose worker stopped sending heartbeats, or that run past their timeout
-plus a grace period, are recorded `failed: worker lost`. Several recorders (API processes on one
+plus a grace period, are recorded `failed: worker lost`. Heartbeats travel on the same queue, so
+a worker is judged only by a silence the recorder heard whole: `lost_after_s` between its last
+connect and the last time it found the queue empty. Several recorders (API processes on one
 PostgreSQL database) are safe together: each write is conditional on the row's current state.
 """
 from __future__ import annotations
@@ -57,6 +59,10 @@ class Recorder(threading.Thread):
         self.dead_letters = 0
         self.reaped = 0
         self.ready = threading.Event()
+        # wall times of the last connect and of the last empty drain since: the span over which
+        # every heartbeat sent has been applied (see reap())
+        self.listening_since: float | None = None
+        self.caught_up_at: float | None = None
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
@@ -112,10 +118,17 @@ class Recorder(threading.Thread):
             log.exception("could not store a dead letter")
 
     def reap(self, now: float | None = None) -> list[int]:
+        """Close lost jobs. Heartbeats share the queue with results, so a worker is judged by them
+        only over the span this recorder has heard all of: from its last connect to the last time
+        it found the queue empty. A restart, a broker outage or a backlog is its own silence."""
         ws = self.worker_settings
+        now = now or time.time()
+        if self.listening_since is None or self.caught_up_at is None:
+            heard = (now, now)  # nothing heard whole yet: a span of no length judges timeouts only
+        else:
+            heard = (self.listening_since, self.caught_up_at)
         with session(self.engine) as db:
-            reaped = reap_lost_jobs(db, now or time.time(), self.lost_after_s, ws.job_timeout_s,
-                                    ws.timeout_grace_s)
+            reaped = reap_lost_jobs(db, now, self.lost_after_s, ws.job_timeout_s, ws.timeout_grace_s, heard=heard)
         if reaped:
             self.reaped += len(reaped)
             log.warning("jobs %s: worker lost", reaped)
@@ -141,12 +154,13 @@ class Recorder(threading.Thread):
                 with self.app.connection_for_read() as conn:
                     with Consumer(conn, queues=[RESULTS_QUEUE], callbacks=[self._handle], accept=["json"],
                                   prefetch_count=50, on_decode_error=self._undecodable):
+                        self.listening_since, self.caught_up_at = time.time(), None
                         self.ready.set()
                         while not self._stop_event.is_set():
                             try:
                                 conn.drain_events(timeout=0.5)
-                            except TimeoutError:
-                                pass
+                            except TimeoutError:  # the queue is empty: all sent until now is applied
+                                self.caught_up_at = time.time()
                             if time.monotonic() >= next_reap:
                                 next_reap = time.monotonic() + self.reap_interval_s
                                 try:

@@ -322,7 +322,8 @@ def apply_event(db: Session, event: StateEvent | ProgressEvent | ResultEvent | H
     Returns whether it changed anything.
 
     Stale messages (an earlier attempt of a retried job, a `running` after a final state, a second
-    result for the same attempt) are dropped.
+    result for the same attempt) are dropped. One exception: the result of an attempt the reaper
+    declared lost (and nobody retried since) replaces that verdict, since the worker did finish it.
     """
     if isinstance(event, dict):
         event = parse_event(event)
@@ -344,8 +345,16 @@ def apply_event(db: Session, event: StateEvent | ProgressEvent | ResultEvent | H
         if job.state == "cancelled" and event.state == "cancelled":
             return False
         env_id = environment_id(db, event.env)
-        if not _add_result(db, job, event.attempt, event.state, metrics=event.metrics, nonfinite=event.nonfinite,
-                           artifacts=event.artifacts, duration_s=event.duration_s, env_id=env_id):
+        fields = dict(metrics=event.metrics, nonfinite=event.nonfinite, artifacts=event.artifacts,
+                      duration_s=event.duration_s, env_id=env_id)
+        if _declared_lost(job, event.attempt):
+            # the reaper's verdict was a guess from silence; the worker's own result is what happened
+            row = db.exec(select(Result).where(Result.job_id == job.id, Result.attempt == event.attempt)).one()
+            row.state = event.state
+            for name, value in fields.items():
+                setattr(row, name, value)
+            db.add(row)
+        elif not _add_result(db, job, event.attempt, event.state, **fields):
             return False
         job.state, job.error = event.state, event.error
         job.worker = event.worker or job.worker
@@ -372,25 +381,40 @@ def record_heartbeat(db: Session, hb: HeartbeatEvent) -> None:
     db.commit()
 
 
+LOST = "worker lost: "  # the start of the error of every job the reaper closed
+
+
+def _declared_lost(job: Job, attempt: int) -> bool:
+    """Whether `attempt` is the job's latest and the reaper, not its worker, closed it."""
+    return attempt == job.attempts and job.state == "failed" and (job.error or "").startswith(LOST)
+
+
 def _fail_lost(db: Session, job: Job, reason: str, now: float) -> None:
     _add_result(db, job, job.attempts, "failed", metrics={}, nonfinite=[], artifacts=[],
                 duration_s=(now - job.started_at) if job.started_at else None)
-    job.state, job.error, job.finished_at, job.progress = "failed", f"worker lost: {reason}", now, None
+    job.state, job.error, job.finished_at, job.progress = "failed", LOST + reason, now, None
     db.add(job)
 
 
 def reap_lost_jobs(db: Session, now: float, lost_after_s: float, default_timeout_s: float,
-                   grace_s: float) -> list[int]:
+                   grace_s: float, heard: tuple[float, float] | None = None) -> list[int]:
     """Mark `failed: worker lost` (retryable) every job that cannot end on its own:
     - the job a worker was running (or `running` under a worker's name) when that worker went silent
       for `lost_after_s`, or stopped;
     - a `running` job past its timeout plus `grace_s` (its worker would have killed it by then).
+    `heard` = (since, until) is the span over which the caller received every heartbeat sent: for
+    the recorder, from its last connect to the broker to the last time it found the queue empty.
+    Silence outside it is the recorder's own (a restart, a backlog), so a worker is gone only when
+    it was silent for `lost_after_s` inside it. None: heard everything until `now`.
     Returns the ids of the jobs marked.
     """
     reaped: list[int] = []
-    gone = {w.name: w for w in db.exec(select(WorkerRow).where(WorkerRow.last_seen < now - lost_after_s)).all()}
+    since, until = heard or (float("-inf"), now)
+    cutoff = until - lost_after_s
+    gone = {w.name: w for w in db.exec(select(WorkerRow).where(WorkerRow.last_seen < cutoff)).all()
+            } if since <= cutoff else {}
     live_current = {(w.current_job, w.current_attempt) for w in db.exec(
-        select(WorkerRow).where(WorkerRow.last_seen >= now - lost_after_s)).all() if w.current_job}
+        select(WorkerRow).where(WorkerRow.last_seen >= cutoff)).all() if w.current_job}
     for w in gone.values():
         if w.current_job is None:
             continue

@@ -115,3 +115,66 @@ def test_reaper_times_out_running_jobs_past_timeout_plus_grace(tmp_path):
         assert j.state == "failed" and "past its timeout of 10 s plus 10 s" in j.error
         assert len(db.exec(select(DeadLetter)).all()) == 0
         assert json.loads(json.dumps(j.model_dump()))  # plain values
+
+
+def _running_job_of_a_silent_worker(tmp_path):
+    """A job `running` on worker `w`, whose last heartbeat (naming the job) came at t=1000."""
+    from backend.db import make_engine, migrate
+
+    settings = BackendSettings(data_dir=tmp_path)
+    engine = make_engine(settings)
+    migrate(engine)
+    with TestClient(create_app(settings, with_recorder=False)) as c:
+        sid = c.post("/api/sweeps", json={"suite": "noop"}).json()["id"]
+        job = c.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
+    with session(engine) as db:
+        apply_event(db, {"type": "heartbeat", "worker": "w", "queues": ["default"], "at": 1000.0,
+                         "current": {"job_id": job}})
+        apply_event(db, {"type": "state", "job_id": job, "worker": "w", "at": 1000.0})
+    return engine, job
+
+
+def test_the_reaper_does_not_count_a_silence_from_before_it_listened(tmp_path):
+    engine, job = _running_job_of_a_silent_worker(tmp_path)
+    with session(engine) as db:
+        # silent for 20 s, but the recorder reconnected 10 s ago: its own gap, not the worker's
+        assert reap_lost_jobs(db, now=1020.0, lost_after_s=15, default_timeout_s=1800, grace_s=10,
+                              heard=(1010.0, 1020.0)) == []
+        assert db.get(Job, job).state == "running"
+        # listening for 20 s, but behind a backlog: everything sent after 1012 is still queued
+        assert reap_lost_jobs(db, now=1030.0, lost_after_s=15, default_timeout_s=1800, grace_s=10,
+                              heard=(1010.0, 1012.0)) == []
+        # 16 s heard whole and still nothing: now the worker is gone
+        assert reap_lost_jobs(db, now=1030.0, lost_after_s=15, default_timeout_s=1800, grace_s=10,
+                              heard=(1010.0, 1026.0)) == [job]
+
+
+def test_the_recorder_judges_workers_only_over_what_it_heard_whole(tmp_path):
+    engine, job = _running_job_of_a_silent_worker(tmp_path)
+    app = create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)
+    from backend.recorder import Recorder
+
+    rec = Recorder(app.state.dispatcher.app, engine, lost_after_s=15)
+    assert rec.reap(now=1100.0) == []  # never listened: silence proves nothing
+    rec.listening_since = 1080.0
+    assert rec.reap(now=1100.0) == []  # connected, but never found the queue empty
+    rec.caught_up_at = 1090.0
+    assert rec.reap(now=1100.0) == []  # heard 10 s whole of the 15 it needs
+    rec.caught_up_at = 1099.0
+    assert rec.reap(now=1100.0) == [job]
+
+
+def test_the_workers_own_result_replaces_the_reapers_verdict(tmp_path):
+    engine, job = _running_job_of_a_silent_worker(tmp_path)
+    with session(engine) as db:
+        assert reap_lost_jobs(db, now=1100.0, lost_after_s=15, default_timeout_s=1800, grace_s=10) == [job]
+        assert db.get(Job, job).error.startswith("worker lost")
+        assert apply_event(db, {"type": "result", "job_id": job, "attempt": 1, "state": "done", "worker": "w",
+                                "metrics": {"x": 1}, "at": 1101.0})
+        j = db.get(Job, job)
+        assert (j.state, j.error) == ("done", None)
+        rows = db.exec(select(Result).where(Result.job_id == job)).all()
+        assert [(r.attempt, r.state, r.metrics) for r in rows] == [(1, "done", {"x": 1})]
+        # a copy of that result, or a later one for the attempt, changes nothing now
+        assert not apply_event(db, {"type": "result", "job_id": job, "attempt": 1, "state": "failed", "at": 1102.0})
+        assert db.get(Job, job).state == "done"

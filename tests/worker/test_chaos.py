@@ -201,7 +201,9 @@ def test_kill_9_of_the_api_mid_sweep_and_restart(tmp_path, redis_url):
         wait_until(lambda: s.client.get(f"/api/sweeps/{sweep['id']}").json()["counts"]["done"] >= 2, 60, "2 done")
         os.killpg(s.api_proc.pid, signal.SIGKILL)
         s.api_proc.wait(5)
-        time.sleep(2.0)  # results pile up on the broker meanwhile
+        # down longer than BENCHLAB_WORKER_LOST_AFTER_S: results and heartbeats pile up on the broker,
+        # and the restarted API must not take its own silence for the worker's
+        time.sleep(5.0)
         s.start_api()
         summary = s.wait(sweep["id"], timeout=120)
         assert summary["counts"]["done"] == 10, summary
