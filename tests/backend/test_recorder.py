@@ -72,7 +72,8 @@ def test_a_result_delivered_twice_writes_one_row(live):
         assert len(db.exec(select(Result).where(Result.job_id == job)).all()) == 1
 
 
-def test_the_reaper_closes_jobs_of_silent_workers(live):
+def _reaper_closes_the_job_of_a_silent_worker(live):
+    """A worker's heartbeat and `running`, then silence: the reaper marks its job lost, and only that one."""
     sid = live.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}}).json()["id"]
     a, b = [r["job_id"] for r in live.get(f"/api/sweeps/{sid}/results").json()]
     now = time.time()
@@ -93,6 +94,32 @@ def test_the_reaper_closes_jobs_of_silent_workers(live):
     send_raw(live.app_ref, {"type": "result", "job_id": a, "attempt": 1, "state": "done"}, serializer="json")
     time.sleep(0.5)
     assert live.get(f"/api/jobs/{a}").json()["state"] == "queued"
+
+
+def test_the_reaper_closes_jobs_of_silent_workers(live):
+    _reaper_closes_the_job_of_a_silent_worker(live)
+
+
+@pytest.fixture
+def live_on_redis(tmp_path, redis_url, monkeypatch):
+    """The API and its recorder on the Redis broker, in a database of Redis of its own, emptied first
+    (a result left on the shared `results` queue by another test would name this test's job ids)."""
+    import redis
+
+    url = redis_url.rsplit("/", 1)[0] + "/9"
+    redis.Redis.from_url(url).flushdb()
+    monkeypatch.setenv("BENCHLAB_BROKER_URL", url)
+    app = create_app(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0))
+    with TestClient(app) as c:
+        c.app_ref = app
+        assert app.state.recorder.ready.wait(20)
+        yield c
+
+
+def test_the_reaper_closes_jobs_of_silent_workers_on_redis(live_on_redis):
+    # the recorder judges heartbeats only after finding the queue empty: Redis's drain must say so too
+    _reaper_closes_the_job_of_a_silent_worker(live_on_redis)
+    assert live_on_redis.app_ref.state.recorder.caught_up_at is not None
 
 
 def test_reaper_times_out_running_jobs_past_timeout_plus_grace(tmp_path):
