@@ -309,11 +309,19 @@ def environment_id(db: Session, env: dict[str, Any] | None) -> int | None:
     return e.id
 
 
-def _add_result(db: Session, job: Job, attempt: int, state: str, **fields) -> bool:
-    """Write the result of (job, attempt) unless one is stored already (results are idempotent)."""
-    if db.exec(select(Result.id).where(Result.job_id == job.id, Result.attempt == attempt)).first() is not None:
+def _add_result(db: Session, job: Job, attempt: int, state: str, replace: bool = False, **fields) -> bool:
+    """Write the result of (job, attempt) unless one is stored already (results are idempotent), or
+    with `replace` over the stored one. Returns whether it wrote."""
+    row = db.exec(select(Result).where(Result.job_id == job.id, Result.attempt == attempt)).first()
+    if row is None:
+        db.add(Result(job_id=job.id, attempt=attempt, state=state, **fields))
+        return True
+    if not replace:
         return False
-    db.add(Result(job_id=job.id, attempt=attempt, state=state, **fields))
+    row.state = state
+    for name, value in fields.items():
+        setattr(row, name, value)
+    db.add(row)
     return True
 
 
@@ -345,16 +353,10 @@ def apply_event(db: Session, event: StateEvent | ProgressEvent | ResultEvent | H
         if job.state == "cancelled" and event.state == "cancelled":
             return False
         env_id = environment_id(db, event.env)
-        fields = dict(metrics=event.metrics, nonfinite=event.nonfinite, artifacts=event.artifacts,
-                      duration_s=event.duration_s, env_id=env_id)
-        if _declared_lost(job, event.attempt):
-            # the reaper's verdict was a guess from silence; the worker's own result is what happened
-            row = db.exec(select(Result).where(Result.job_id == job.id, Result.attempt == event.attempt)).one()
-            row.state = event.state
-            for name, value in fields.items():
-                setattr(row, name, value)
-            db.add(row)
-        elif not _add_result(db, job, event.attempt, event.state, **fields):
+        # the reaper's verdict was a guess from silence: the worker's own result is what happened
+        if not _add_result(db, job, event.attempt, event.state, replace=_declared_lost(job, event.attempt),
+                           metrics=event.metrics, nonfinite=event.nonfinite, artifacts=event.artifacts,
+                           duration_s=event.duration_s, env_id=env_id):
             return False
         job.state, job.error = event.state, event.error
         job.worker = event.worker or job.worker
@@ -414,7 +416,7 @@ def reap_lost_jobs(db: Session, now: float, lost_after_s: float, default_timeout
     gone = {w.name: w for w in db.exec(select(WorkerRow).where(WorkerRow.last_seen < cutoff)).all()
             } if since <= cutoff else {}
     live_current = {(w.current_job, w.current_attempt) for w in db.exec(
-        select(WorkerRow).where(WorkerRow.last_seen >= cutoff)).all() if w.current_job}
+        select(WorkerRow).where(WorkerRow.last_seen >= cutoff)).all() if w.current_job} if gone else set()
     for w in gone.values():
         if w.current_job is None:
             continue

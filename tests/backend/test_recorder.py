@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,13 +19,20 @@ from tests.stack import wait_until
 from worker.celery_app import RESULTS_EXCHANGE, RESULTS_QUEUE
 
 
-@pytest.fixture
-def live(tmp_path, database_url):
-    app = create_app(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0,
-                                     database_url=database_url))
+@contextmanager
+def _serving(settings: BackendSettings):
+    """A client of the API with its recorder running, consuming."""
+    app = create_app(settings)
     with TestClient(app) as c:
         c.app_ref = app
         assert app.state.recorder.ready.wait(20)
+        yield c
+
+
+@pytest.fixture
+def live(tmp_path, database_url):
+    with _serving(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0,
+                                  database_url=database_url)) as c:
         yield c
 
 
@@ -109,10 +117,7 @@ def live_on_redis(tmp_path, redis_url, monkeypatch):
     url = redis_url.rsplit("/", 1)[0] + "/9"
     redis.Redis.from_url(url).flushdb()
     monkeypatch.setenv("BENCHLAB_BROKER_URL", url)
-    app = create_app(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0))
-    with TestClient(app) as c:
-        c.app_ref = app
-        assert app.state.recorder.ready.wait(20)
+    with _serving(BackendSettings(data_dir=tmp_path, reap_interval_s=0.2, worker_lost_after_s=1.0)) as c:
         yield c
 
 
