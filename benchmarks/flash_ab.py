@@ -8,8 +8,11 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
 
     git show aab62a8:kernels/flash_triton.py > /tmp/flash_base.py
     python -m benchmarks.flash_ab --baseline /tmp/flash_base.py --out flash_ab.json
-    python -m benchmarks.flash_ab --options tile_major=true --baseline-options tile_major=false \
-        --sdpa cudnn --out tile_order.json
+    python -m benchmarks.flash_ab --options head_group=8 --baseline-options head_group=1 \
+        --variant all:head_group=65536 --sdpa cudnn --out grid_order.json
+
+`--variant NAME:OPTIONS` adds more versions of this tree, with their own options, to the same rotation
+(their times as NAME_ms, and speedup_vs_NAME: > 1 when the current version is faster).
 """
 from __future__ import annotations
 
@@ -61,22 +64,37 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-BOOL_OPTIONS = ("tile_major", "autotune", "tma")
+BOOL_OPTIONS = ("autotune", "tma")
+INT_OPTIONS = ("head_group",)
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
 def parse_options(text: str) -> dict:
-    """"tile_major=false,autotune=true" -> {"tile_major": False, "autotune": True} (LaunchOptions fields)."""
+    """"head_group=8,autotune=true" -> {"head_group": 8, "autotune": True} (LaunchOptions fields)."""
     out: dict = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, eq, value = item.partition("=")
-        if not eq or name not in BOOL_OPTIONS:
+        if not eq or name not in BOOL_OPTIONS + INT_OPTIONS:
             raise argparse.ArgumentTypeError(
-                f"option {item!r}: want NAME=VALUE with NAME one of {', '.join(BOOL_OPTIONS)}")
-        if value.lower() not in ("true", "false"):
+                f"option {item!r}: want NAME=VALUE with NAME one of {', '.join(BOOL_OPTIONS + INT_OPTIONS)}")
+        if name in INT_OPTIONS:
+            if not value.isdigit() or int(value) < 1:
+                raise argparse.ArgumentTypeError(f"option {item!r}: {name} is a positive integer")
+            out[name] = int(value)
+        elif value.lower() not in ("true", "false"):
             raise argparse.ArgumentTypeError(f"option {item!r}: {name} is true or false")
-        out[name] = value.lower() == "true"
+        else:
+            out[name] = value.lower() == "true"
     return out
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """"g4:head_group=4" -> ("g4", {"head_group": 4}): a name for the output and that version's options."""
+    name, colon, options = text.partition(":")
+    if not colon or not name.isidentifier() or name in ("current", "baseline") or name.startswith("sdpa"):
+        raise argparse.ArgumentTypeError(
+            f"variant {text!r}: want NAME:OPTIONS, NAME a word other than current, baseline and sdpa_*")
+    return name, parse_options(options)
 
 
 def parse_pin(text: str) -> tuple[str, tuple[int, ...]]:
@@ -148,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a fixed config for one kernel of the current version (repeatable)")
     ap.add_argument("--baseline-pin", action="append", type=parse_pin, default=[],
                     metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]", help="the same for the baseline")
+    ap.add_argument("--variant", action="append", type=parse_variant, default=[], metavar="NAME:NAME=VALUE,...",
+                    help="another version of this tree with these LaunchOptions, in the same rotation (repeatable)")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
                     help="SDPA backends to time in the same rotation")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
@@ -164,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         args.options["pinned"] = dict(args.pin)
     if args.baseline_pin:
         args.baseline_options["pinned"] = dict(args.baseline_pin)
+    if len({name for name, _ in args.variant}) < len(args.variant):
+        ap.error("two --variant options share a name")
     if args.baseline is None and args.options == args.baseline_options:
         ap.error("nothing to compare: give --baseline FILE, or --options (or --pin) that differ from the baseline's")
 
@@ -175,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     base = load_module(args.baseline) if args.baseline else current
     label = args.label or (args.baseline.name if args.baseline else "this tree")
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
-              "baseline_options": args.baseline_options, "sdpa": args.sdpa, "pass": args.which,
+              "baseline_options": args.baseline_options, "variants": dict(args.variant), "sdpa": args.sdpa,
+              "pass": args.which,
               "rounds": args.rounds, "cells": []}
     # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, launch_options(current, args.options)),
-                "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None)}
+                "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None),
+                **{name: (current, launch_options(current, opts)) for name, opts in args.variant}}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
@@ -199,12 +223,16 @@ def main(argv: list[str] | None = None) -> int:
                 "speedup": min(ms["baseline"]) / min(ms["current"]),
                 "max_abs_diff": max((a.float() - b.float()).abs().max().item()
                                     for a, b in zip(out_cur, out_base, strict=True))}
+        for name, _ in args.variant:
+            cell[f"{name}_ms"] = ms[name]
+            cell[f"speedup_vs_{name}"] = min(ms[name]) / min(ms["current"])
         for backend in args.sdpa:  # > 1: the current version is faster than that backend
             cell[f"sdpa_{backend}_ms"] = ms[f"sdpa_{backend}"]
             cell[f"speedup_vs_sdpa_{backend}"] = min(ms[f"sdpa_{backend}"]) / min(ms["current"])
         record_cell(report, cell, args.out)
     # the tiles each version's autotuner picked, per kernel and key (an older file may not say)
-    report["autotuned"] = {name: getattr(mod, "autotuned_configs", dict)() for name, (mod, _) in versions.items()}
+    report["autotuned"] = {name: getattr(mod, "autotuned_configs", dict)() for name, (mod, _) in versions.items()
+                           if name in ("current", "baseline")}
     write_report(report, args.out)
     return 0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             f.flush()
             print(json.dumps(row), flush=True)
 
-        # the winners together, against the shipped autotuned path, in both grid orders
+        # the winners together, against the shipped autotuned path, head-major and tile-major
         pins = {k: ft.make_config(*c) for k, (_, c) in best.items()}
         q, k_, v, do = make_inputs(shape, args.dtype)
         for q_ in (q, k_, v):
@@ -205,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             ft.FlashAttentionTriton.apply(q, k_, v, args.causal, "tf32", options).backward(do)
 
         for label, ctx_pins in (("best_pinned", pins), ("autotuned", {})):
-            for tile_major in (True, False):
-                options = ft.LaunchOptions(tile_major=tile_major, pinned=ctx_pins)
+            for head_group, order in ((math.prod(shape[:-2]), "tile_major"), (1, "head_major")):
+                options = ft.LaunchOptions(head_group=head_group, pinned=ctx_pins)
                 t = measure(lambda o=options: fwd_bwd(o), warmup=3, repeats=args.repeats * 2, device="cuda")
-                row = {"kind": "total", "label": label, "tile_major": tile_major, "fwd_bwd_ms": t.median_ms,
+                row = {"kind": "total", "label": label, "order": order, "fwd_bwd_ms": t.median_ms,
                        "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
                        "tflops": flops["fwd_bwd"] / (t.median_ms * 1e-3) / 1e12,
                        "pins": {n: list(c) for n, (_, c) in best.items()} if ctx_pins else None}

@@ -2,8 +2,8 @@
 
 Layout. Every tensor is viewed as (Z, H, N, D) with its own four strides, so 3D and 4D inputs
 and non-contiguous views (a transposed head axis, a slice) are read in place, without a copy.
-One program owns one tile of rows of one (z, h) pair (the grid's two axes are the tiles and Z*H,
-in an order chosen per call: see _program_ids and _tile_major):
+One program owns one tile of rows of one (z, h) pair (the grid's axes are the tiles and groups of
+Z*H, in an order chosen per call: see _program_ids and _head_group):
 
   forward   cdiv(n_q, BLOCK_M) tiles: a query tile loops over key tiles with an online
             softmax in base 2 (scores scaled by 1/sqrt(d) * log2(e), so exp becomes exp2).
@@ -24,7 +24,7 @@ the inputs and O is L = logsumexp of the scaled scores (natural log, fp32, shape
 Causal (query i sees key j <= i, aligned at the top-left): key tiles wholly right of the diagonal
 are never visited, tiles wholly left of it run without any mask, and only the tiles that cross
 the diagonal (or the ragged last tile) pay for the mask. Heavier tiles are launched first: per
-head, or across all heads when K and V are small enough to share the L2 (see _tile_major).
+head group, whose heads' K and V share the L2 (see _head_group).
 
 Cost per (z, h): forward 4*n_q*n_k*d FLOPs (half when causal) over 2*(n_q + 2*n_k)*d*bytes of
 HBM traffic per query tile pass, i.e. arithmetic intensity ~ BLOCK_M FLOP/byte: compute bound.
@@ -51,21 +51,22 @@ LOG2E = 1.4426950408889634
 DV_AFTER_DP_HEAD_DIM = tl.constexpr(128)  # where _bwd_dkdv_inner issues dV's matmul after dP^T's
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
+MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2 (tiles, groups); axis 0 takes up to 2**31 - 1
+MAX_SEQ = MAX_GRID_YZ * 16  # the longest sequence whose tiles fit grid axis 1 at the smallest tile
 
 
 @triton.jit
-def _program_ids(TILE_MAJOR: tl.constexpr):
+def _program_ids():
     """(tile index, z*h index, number of tiles) of this program.
 
-    TILE_MAJOR puts (z, h) on grid axis 0, which the GPU dispatches fastest, so tile 0 of every
-    head starts before tile 1 of any: with causal masking (tiles of unequal work, heaviest first)
-    that is longest-job-first over the whole grid, not per head, and leaves no heavy tile of the
-    last head as a tail. It also lifts the 65535 limit of grid axis 1 off batch x heads.
+    The grid is (G, tiles, ZH / G): a group of G (z, h) pairs on axis 0, which the GPU dispatches
+    fastest, tiles on axis 1, groups on axis 2. So tile 0 of every pair in a group starts before tile
+    1 of any, and the groups run one after another. With causal masking (tiles of unequal work, the
+    heaviest launched first) that is longest-job-first over a group's heads, so no heavy tile of a
+    late head is left as a tail, while only a group's K and V compete for the L2 at a time. G = 1 is
+    head-major order, G = ZH tile-major. The launcher picks G (_head_group).
     """
-    if TILE_MAJOR:
-        return tl.program_id(1), tl.program_id(0), tl.num_programs(1)
-    else:
-        return tl.program_id(0), tl.program_id(1), tl.num_programs(0)
+    return tl.program_id(1), tl.program_id(2) * tl.num_programs(0) + tl.program_id(0), tl.num_programs(1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,8 +163,8 @@ def _fwd_kernel(Q, K, V, O, L,
                 IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, TMA_KV: tl.constexpr):
-    pid_m, pid_zh, n_tiles = _program_ids(TILE_MAJOR)
+                INPUT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
+    pid_m, pid_zh, n_tiles = _program_ids()
     if IS_CAUSAL:  # the last query tiles see the most keys: start them first
         pid_m = n_tiles - 1 - pid_m
     z = pid_zh // H
@@ -295,9 +296,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                      IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                     INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr,
+                     INPUT_PRECISION: tl.constexpr,
                      TMA_Q: tl.constexpr, TMA_DO: tl.constexpr):
-    pid_n, pid_zh, n_tiles = _program_ids(TILE_MAJOR)  # causal: key tile 0 sees the most queries
+    pid_n, pid_zh, n_tiles = _program_ids()  # causal: key tile 0 sees the most queries
     z = pid_zh // H
     h = pid_zh % H
     start_n = pid_n * BLOCK_N
@@ -403,8 +404,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
                    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                   INPUT_PRECISION: tl.constexpr, TILE_MAJOR: tl.constexpr, TMA_KV: tl.constexpr):
-    pid_m, pid_zh, n_tiles = _program_ids(TILE_MAJOR)
+                   INPUT_PRECISION: tl.constexpr, TMA_KV: tl.constexpr):
+    pid_m, pid_zh, n_tiles = _program_ids()
     if IS_CAUSAL:  # as in forward: the last query tiles are the heaviest
         pid_m = n_tiles - 1 - pid_m
     z = pid_zh // H
@@ -612,6 +613,9 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"head dim {d} is larger than the supported maximum {MAX_HEAD_DIM}")
     if k.shape[-2] == 0 and q.shape[-2] > 0:
         raise ValueError("attention over zero keys is undefined (n_keys == 0)")
+    longest = max(q.shape[-2], k.shape[-2])
+    if longest > MAX_SEQ:  # tiles go on grid axis 1, at most MAX_GRID_YZ of the smallest (16 rows)
+        raise ValueError(f"sequence length {longest} is longer than the supported maximum {MAX_SEQ}")
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int, int]:
@@ -630,12 +634,13 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
     return fp32_precision if dtype == torch.float32 else "ieee"
 
 
-# Tile-major order runs every (z, h) at once, so the K and V of all heads compete for the L2 (50 MB
-# on the H100/H200). Measured on the H200: causal (16, 16384, 64), 64 MiB of K+V, ran 3-7% faster
-# tile-major; on the main grid's shapes, 128 MiB of K+V, the forward ran up to 28% slower with it
-# (same or more configs to pick from). Non-causal tiles are all equal work, so order can only cost
-# locality there. The threshold sits between the two measured footprints.
-TILE_MAJOR_MAX_KV_BYTES = 96 * 2**20
+# Grid order (see _program_ids). Causal tiles do unequal work, and the heaviest start first within a
+# group of G (z, h) pairs, so the larger G the shorter the tail of the last heavy tiles; but a group's
+# K and V all compete for the L2 (50 MB on the H100/H200) at once. Measured on the H200: causal
+# (16, 16384, 64), 64 MiB of K+V, ran 3-7% faster with all heads in one group than one head at a time;
+# on the main grid's shapes, 128 MiB of K+V, the forward ran up to 28% slower with one group.
+# Non-causal tiles are all equal work, so a group larger than one head can only cost locality there.
+HEAD_GROUP_KV_BYTES = 32 * 2**20  # causal calls group as many (z, h) pairs as fit this much K+V
 
 
 @dataclass(frozen=True)
@@ -644,7 +649,8 @@ class LaunchOptions:
 
     autotune    False: each kernel takes the first config of its space that fits in shared memory
                 (much faster cold starts, e.g. for a test matrix of many shapes)
-    tile_major  grid order (see _program_ids); None picks per call (_tile_major)
+    head_group  grid order: how many (z, h) pairs interleave their tiles (see _program_ids; 1 is
+                head-major, batch x heads or more tile-major); None picks per call (_head_group)
     tma         the kernels stream tiles through tensor descriptors (the copy engine, sm_90+) where a
                 tensor qualifies (_tma_ready): K and V in the dQ kernel and, at d in TMA_FWD_HEAD_DIMS,
                 in the forward; Q and dO in dK/dV. False keeps pointer loads
@@ -653,17 +659,20 @@ class LaunchOptions:
     """
 
     autotune: bool = True
-    tile_major: bool | None = None
+    head_group: int | None = None
     tma: bool = True
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
+        if self.head_group is not None and (isinstance(self.head_group, bool) or not isinstance(self.head_group, int)
+                                            or self.head_group < 1):
+            raise ValueError(f"head_group must be a positive integer or None, got {self.head_group!r}")
         unknown = set(self.pinned) - set(FLASH_KERNELS)
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
-        object.__setattr__(self, "key", (self.autotune, self.tile_major, self.tma, pinned))
+        object.__setattr__(self, "key", (self.autotune, self.head_group, self.tma, pinned))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -701,15 +710,27 @@ def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, opt
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
 
 
-def _tile_major(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: bool | None = None) -> bool:
-    """Grid order for one call: `forced` if given, else tile-major for causal calls whose K and V fit
-    the L2-scale budget TILE_MAJOR_MAX_KV_BYTES. More than 65535 (z, h) pairs do not fit grid axis 1,
-    so those calls are always tile-major."""
-    if math.prod(k.shape[:-2]) > 65535:
-        return True
+def _head_group(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: int | None = None) -> int:
+    """How many (z, h) pairs interleave their tiles in one call's grid (G of _program_ids): `forced` if
+    given, else 1 for non-causal calls and, for causal ones, as many pairs as HEAD_GROUP_KV_BYTES of K
+    and V hold. G must divide batch x heads, and the groups must fit grid axis 2 (MAX_GRID_YZ), so the
+    wanted size is rounded down to a divisor that keeps them in (up, where none below does)."""
+    zh = math.prod(k.shape[:-2])
     if forced is not None:
-        return bool(forced)
-    return bool(is_causal) and k.numel() * k.element_size() + v.numel() * v.element_size() <= TILE_MAJOR_MAX_KV_BYTES
+        want = forced
+    elif not is_causal:
+        want = 1
+    else:
+        per_head = (k.numel() * k.element_size() + v.numel() * v.element_size()) // max(zh, 1)
+        want = HEAD_GROUP_KV_BYTES // max(per_head, 1)
+    fits = [g for g in _divisors(zh) if zh // g <= MAX_GRID_YZ]
+    return max((g for g in fits if g <= want), default=fits[0])
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 # Where the descriptor loads were measured and run through the GPU tests (16-bit inputs, d 64 and 128:
@@ -755,11 +776,9 @@ def _ensure_scratch_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
-def _grid(n_rows: int, block: str, zh: int, tile_major: bool):
-    """Launch grid over cdiv(n_rows, meta[block]) tiles and zh (batch x heads), in the given order."""
-    if tile_major:
-        return lambda meta: (zh, triton.cdiv(n_rows, meta[block]))
-    return lambda meta: (triton.cdiv(n_rows, meta[block]), zh)
+def _grid(n_rows: int, block: str, zh: int, group: int):
+    """Launch grid (group, tiles, zh // group) over cdiv(n_rows, meta[block]) tiles and zh (batch x heads)."""
+    return lambda meta: (group, triton.cdiv(n_rows, meta[block]), zh // group)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -892,10 +911,9 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     return _KernelPlan(launcher, compiled.function, compiled.packed_metadata, grid, fixed, device)
 
 
-def _constexprs(is_causal: bool, head_dim: int, precision: str, tile_major: bool) -> dict:
+def _constexprs(is_causal: bool, head_dim: int, precision: str) -> dict:
     """The compile-time parameters the forward, dK/dV and dQ kernels share."""
-    return dict(IS_CAUSAL=is_causal, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
-                TILE_MAJOR=tile_major)
+    return dict(IS_CAUSAL=is_causal, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision)
 
 
 def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: torch.Tensor,
@@ -955,13 +973,13 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    tile_major = _tile_major(is_causal, k, v, options.tile_major)
+    group = _head_group(is_causal, k, v, options.head_group)
     tma_kv = d in TMA_FWD_HEAD_DIMS and _tma_kv(k4, v4, options)
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     want_plan = key is not None and _plannable(q, k, v)
-    kernel = _launch("fwd", args, 5, _grid(n_q, "BLOCK_M", Z * H, tile_major),
-                     {**_constexprs(is_causal, d, precision, tile_major), "TMA_KV": tma_kv}, q, d, options, want_plan)
+    kernel = _launch("fwd", args, 5, _grid(n_q, "BLOCK_M", Z * H, group),
+                     {**_constexprs(is_causal, d, precision), "TMA_KV": tma_kv}, q, d, options, want_plan)
     if kernel is not None:
         shape, dtype, device = q.shape, q.dtype, q.device
 
@@ -1004,24 +1022,24 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    tile_major = _tile_major(is_causal, k, v, options.tile_major)
+    group = _head_group(is_causal, k, v, options.head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
 
     # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     common = (H, n_q, n_k, sm_scale, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
-    constexprs = _constexprs(is_causal, d, precision, tile_major)
+    constexprs = _constexprs(is_causal, d, precision)
     tma_kv = _tma_kv(k4, v4, options)
     tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
     dq_ = _launch("dq",
                   (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
-                  _grid(n_q, "BLOCK_M", Z * H, tile_major), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
+                  _grid(n_q, "BLOCK_M", Z * H, group), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
                   want_plan)
     dkdv = _launch("dkdv",
                    (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
                     *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
-                   _grid(n_k, "BLOCK_N", Z * H, tile_major), {**constexprs, "TMA_Q": tma_q, "TMA_DO": tma_do},
+                   _grid(n_k, "BLOCK_N", Z * H, group), {**constexprs, "TMA_Q": tma_q, "TMA_DO": tma_do},
                    q, d, options, want_plan)
     if dkdv is not None and dq_ is not None:
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device

@@ -13,6 +13,7 @@ from benchmarks.flash_ab import (
     parse_pin,
     parse_sdpa,
     parse_shape,
+    parse_variant,
 )
 
 
@@ -65,15 +66,37 @@ def test_the_backward_pass_compares_each_versions_gradients_on_its_own_forward()
 
 
 def test_launch_options_and_sdpa_backends_parse_and_bad_ones_are_named():
-    assert parse_options("autotune=false, tile_major=true") == {"autotune": False, "tile_major": True}
+    assert parse_options("autotune=false, head_group=8") == {"autotune": False, "head_group": 8}
     assert parse_options("") == {}
-    with pytest.raises(argparse.ArgumentTypeError, match="NAME one of tile_major, autotune"):
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME one of autotune, tma, head_group"):
         parse_options("backward=fused")
-    with pytest.raises(argparse.ArgumentTypeError, match="tile_major is true or false"):
-        parse_options("tile_major=maybe")
+    with pytest.raises(argparse.ArgumentTypeError, match="tma is true or false"):
+        parse_options("tma=maybe")
+    for bad in ("head_group=0", "head_group=two", "head_group=-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="head_group is a positive integer"):
+            parse_options(bad)
     assert parse_sdpa("cudnn,flash") == ["cudnn", "flash"]
     with pytest.raises(argparse.ArgumentTypeError, match="choose from cudnn, flash"):
         parse_sdpa("math")
+
+
+def test_a_variant_parses_into_a_name_and_options_and_bad_ones_are_named():
+    assert parse_variant("g4:head_group=4") == ("g4", {"head_group": 4})
+    assert parse_variant("plain:") == ("plain", {})
+    for bad in ("g4", "current:head_group=4", "sdpa_x:tma=false", "two words:tma=false", ":tma=false"):
+        with pytest.raises(argparse.ArgumentTypeError, match="want NAME:OPTIONS"):
+            parse_variant(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="head_group is a positive integer"):
+        parse_variant("g0:head_group=0")
+
+
+def test_two_variants_of_one_name_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x.json"), "--options", "head_group=2", "--variant", "a:head_group=1",
+              "--variant", "a:head_group=4"])
+    assert exc.value.code == 2
+    assert "share a name" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_a_comparison_of_the_tree_with_itself_is_refused(tmp_path, capsys):
@@ -99,7 +122,7 @@ def test_a_bad_pin_is_named(bad):
 def test_pins_become_the_versions_own_configs_with_their_register_cap():
     from kernels import flash_triton as ft
 
-    opts = launch_options(ft, {"tile_major": True, "pinned": {"dkdv": (32, 64, 4, 3, 128), "dq": (128, 64, 4, 3)}})
-    assert opts.tile_major is True
+    opts = launch_options(ft, {"head_group": 8, "pinned": {"dkdv": (32, 64, 4, 3, 128), "dq": (128, 64, 4, 3)}})
+    assert opts.head_group == 8
     assert opts.pinned["dkdv"].kwargs == {"BLOCK_M": 32, "BLOCK_N": 64} and opts.pinned["dkdv"].maxnreg == 128
     assert opts.pinned["dq"].num_warps == 4 and opts.pinned["dq"].maxnreg is None

@@ -177,17 +177,17 @@ def test_bad_inputs_are_named(bad, msg):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_grid_order_does_not_change_results(causal):
-    # tile-major and head-major grids visit the same tiles; every output and gradient is bit-identical
+    # head-major, grouped and tile-major grids visit the same tiles: every output and gradient is
+    # bit-identical (2 x 3 pairs: groups of 1, 2, 3 and all 6)
     import kernels.flash_triton as ft
 
     q, k, v, do = _inputs((2, 3, 45, 16), (2, 3, 45, 16))
-    results = []
-    for tile_major in (True, False):
-        results.append(_run(with_options(ft.LaunchOptions(tile_major=tile_major)), q, k, v, do, causal,
-                            torch.float32))
-    for a, b in zip(results[0], results[1], strict=True):
-        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
-            assert torch.equal(x, y)
+    results = [_run(with_options(ft.LaunchOptions(head_group=g)), q, k, v, do, causal, torch.float32)
+               for g in (1, 2, 3, 6)]
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
+                assert torch.equal(x, y)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="a compiled kernel refuses a changed global; the interpreter reads it per call")
@@ -209,14 +209,39 @@ def test_dkdv_matmul_order_does_not_change_gradients(causal, monkeypatch):
 def test_grid_order_policy():
     import kernels.flash_triton as ft
 
-    def kv(n):  # meta tensors: sizes without memory
-        return torch.empty(16, n, 64, dtype=torch.bfloat16, device="meta")
+    def kv(zh, n, d=64):  # meta tensors: sizes without memory
+        return torch.empty(zh, n, d, dtype=torch.bfloat16, device="meta")
 
-    assert ft.DEFAULT_OPTIONS.tile_major is None
-    assert ft._tile_major(True, kv(16384), kv(16384))        # 64 MiB of K+V, causal: tile-major
-    assert not ft._tile_major(False, kv(16384), kv(16384))   # non-causal: head-major
-    assert not ft._tile_major(True, kv(65536), kv(65536))    # 256 MiB: keep heads together for the L2
-    assert not ft._tile_major(True, kv(16384), kv(16384), forced=False)  # an explicit order wins
+    per_head = 2 * 16384 * 64 * 2  # K+V bytes of one (z, h) pair at n = 16384, d = 64: 4 MiB
+    budget = ft.HEAD_GROUP_KV_BYTES // per_head
+    assert ft.DEFAULT_OPTIONS.head_group is None
+    assert ft._head_group(False, kv(16, 16384), kv(16, 16384)) == 1         # non-causal: head-major
+    g = ft._head_group(True, kv(64, 16384), kv(64, 16384))                  # causal: the heads the budget holds
+    assert g == max(d for d in range(1, 65) if 64 % d == 0 and d <= budget)
+    assert ft._head_group(True, kv(6, 128), kv(6, 128)) == 6                # small K+V: one group, tile-major
+    assert ft._head_group(True, kv(7, 16384), kv(7, 16384), forced=4) == 1  # a divisor of 7 no larger than 4
+    assert ft._head_group(True, kv(12, 64), kv(12, 64), forced=5) == 4
+    assert ft._head_group(True, kv(12, 64), kv(12, 64), forced=100) == 12  # more than there are: all of them
+    # more than 65535 groups do not fit grid axis 2: the group grows to the smallest divisor that fits
+    many = torch.empty(2 * 65536, 16, 16, dtype=torch.bfloat16, device="meta")
+    assert ft._head_group(False, many, many) == 4
+    assert ft._divisors(12) == [1, 2, 3, 4, 6, 12] and ft._divisors(1) == [1] and ft._divisors(49) == [1, 7, 49]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
+def test_a_bad_head_group_is_named(bad):
+    import kernels.flash_triton as ft
+
+    with pytest.raises(ValueError, match="head_group must be a positive integer"):
+        ft.LaunchOptions(head_group=bad)
+
+
+def test_a_sequence_longer_than_the_grid_holds_is_refused():
+    import kernels.flash_triton as ft
+
+    q = torch.empty(1, ft.MAX_SEQ + 1, 16, device="meta")
+    with pytest.raises(ValueError, match=f"sequence length {ft.MAX_SEQ + 1} is longer than the supported maximum"):
+        ft._check_inputs(q, q, q)
 
 
 def test_launch_options_reject_an_unknown_kernel_and_pick_the_pinned_config():
