@@ -634,13 +634,15 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
     return fp32_precision if dtype == torch.float32 else "ieee"
 
 
-# Grid order (see _program_ids). Causal tiles do unequal work, and the heaviest start first within a
-# group of G (z, h) pairs, so the larger G the shorter the tail of the last heavy tiles; but a group's
-# K and V all compete for the L2 (50 MB on the H100/H200) at once. Measured on the H200: causal
-# (16, 16384, 64), 64 MiB of K+V, ran 3-7% faster with all heads in one group than one head at a time;
-# on the main grid's shapes, 128 MiB of K+V, the forward ran up to 28% slower with one group.
-# Non-causal tiles are all equal work, so a group larger than one head can only cost locality there.
-HEAD_GROUP_KV_BYTES = 32 * 2**20  # causal calls group as many (z, h) pairs as fit this much K+V
+# Grid order (see _program_ids). Causal tiles do unequal work and the heaviest start first within a
+# group of G (z, h) pairs, so a larger G leaves a shorter tail of late heavy tiles, while all of a
+# group's K and V compete for the L2 at once. In turns on the H200 (docs/results/h200/flash_groups/,
+# twelve causal shapes, seq 512-16384, d 64 and 128, K+V of 0.1-8 MiB a head, the same tiles for every
+# G), G = 4 was within 2 % of the fastest group size on every shape and pass, 0.97-1.02x head-major
+# forward+backward, and faster than one group of all heads (the order shipped before for causal calls
+# with at most 96 MiB of K+V) on all twelve, by 3-20 %. Non-causal tiles are all equal work, so a group
+# larger than one head can only cost locality there.
+HEAD_GROUP = 4
 
 
 @dataclass(frozen=True)
@@ -712,17 +714,11 @@ def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, opt
 
 def _head_group(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: int | None = None) -> int:
     """How many (z, h) pairs interleave their tiles in one call's grid (G of _program_ids): `forced` if
-    given, else 1 for non-causal calls and, for causal ones, as many pairs as HEAD_GROUP_KV_BYTES of K
-    and V hold. G must divide batch x heads, and the groups must fit grid axis 2 (MAX_GRID_YZ), so the
-    wanted size is rounded down to a divisor that keeps them in (up, where none below does)."""
+    given, else HEAD_GROUP for causal calls and 1 (head-major) for the rest. G must divide batch x heads
+    and the groups must fit grid axis 2 (MAX_GRID_YZ), so the wanted size is rounded down to a divisor
+    that keeps them in (up, where none below does)."""
     zh = math.prod(k.shape[:-2])
-    if forced is not None:
-        want = forced
-    elif not is_causal:
-        want = 1
-    else:
-        per_head = (k.numel() * k.element_size() + v.numel() * v.element_size()) // max(zh, 1)
-        want = HEAD_GROUP_KV_BYTES // max(per_head, 1)
+    want = forced if forced is not None else (HEAD_GROUP if is_causal else 1)
     fits = [g for g in _divisors(zh) if zh // g <= MAX_GRID_YZ]
     return max((g for g in fits if g <= want), default=fits[0])
 

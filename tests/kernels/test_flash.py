@@ -212,13 +212,10 @@ def test_grid_order_policy():
     def kv(zh, n, d=64):  # meta tensors: sizes without memory
         return torch.empty(zh, n, d, dtype=torch.bfloat16, device="meta")
 
-    per_head = 2 * 16384 * 64 * 2  # K+V bytes of one (z, h) pair at n = 16384, d = 64: 4 MiB
-    budget = ft.HEAD_GROUP_KV_BYTES // per_head
     assert ft.DEFAULT_OPTIONS.head_group is None
-    assert ft._head_group(False, kv(16, 16384), kv(16, 16384)) == 1         # non-causal: head-major
-    g = ft._head_group(True, kv(64, 16384), kv(64, 16384))                  # causal: the heads the budget holds
-    assert g == max(d for d in range(1, 65) if 64 % d == 0 and d <= budget)
-    assert ft._head_group(True, kv(6, 128), kv(6, 128)) == 6                # small K+V: one group, tile-major
+    assert ft._head_group(False, kv(16, 16384), kv(16, 16384)) == 1          # non-causal: head-major
+    assert ft._head_group(True, kv(64, 16384), kv(64, 16384)) == ft.HEAD_GROUP  # causal: groups of HEAD_GROUP
+    assert ft._head_group(True, kv(3, 128), kv(3, 128)) == max(d for d in (1, 3) if d <= ft.HEAD_GROUP)
     assert ft._head_group(True, kv(7, 16384), kv(7, 16384), forced=4) == 1  # a divisor of 7 no larger than 4
     assert ft._head_group(True, kv(12, 64), kv(12, 64), forced=5) == 4
     assert ft._head_group(True, kv(12, 64), kv(12, 64), forced=100) == 12  # more than there are: all of them
