@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-pin", action="append", type=parse_pin, default=[],
                     metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]", help="the same for the baseline")
     ap.add_argument("--variant", action="append", type=parse_variant, default=[], metavar="NAME:NAME=VALUE,...",
-                    help="another version of this tree with these LaunchOptions, in the same rotation (repeatable)")
+                    help="another version of this tree with these LaunchOptions (and no --pin), in the same rotation "
+                         "(repeatable)")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
                     help="SDPA backends to time in the same rotation")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")

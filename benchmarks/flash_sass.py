@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     jit_fn = ft._JIT[which]
     precision = ft._precision(torch_dtype(args.dtype), "tf32")
-    constexprs = {**ft._constexprs(args.causal, args.head_dim, precision, True), "BLOCK_M": cfg[0], "BLOCK_N": cfg[1]}
+    constexprs = {**ft._constexprs(args.causal, args.head_dim, precision), "BLOCK_M": cfg[0], "BLOCK_N": cfg[1]}
     # the launcher's EVEN_* rules on lengths that divide the tiles; every descriptor flag as --tma says
     even = {"n_q": EVEN_LENGTH, "n_k": EVEN_LENGTH, **constexprs}
     constexprs.update({name: rule(even) for name, rule in ft._EVEN_HEURISTICS.items()})

@@ -638,7 +638,7 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 # group of G (z, h) pairs, so a larger G leaves a shorter tail of late heavy tiles, while all of a
 # group's K and V compete for the L2 at once. In turns on the H200 (docs/results/h200/flash_groups/,
 # twelve causal shapes, seq 512-16384, d 64 and 128, K+V of 0.1-8 MiB a head, the same tiles for every
-# G), G = 4 was within 2 % of the fastest group size on every shape and pass, 0.97-1.02x head-major
+# G), G = 4 was within 2.5 % of the fastest group size on every shape and pass, 0.97-1.02x head-major
 # forward+backward, and faster than one group of all heads (the order shipped before for causal calls
 # with at most 96 MiB of K+V) on all twelve, by 3-20 %. Non-causal tiles are all equal work, so a group
 # larger than one head can only cost locality there.
