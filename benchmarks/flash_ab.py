@@ -11,8 +11,9 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
     python -m benchmarks.flash_ab --options head_group=8 --baseline-options head_group=1 \
         --variant all:head_group=65536 --sdpa cudnn --out grid_order.json
 
-`--variant NAME:OPTIONS` adds more versions of this tree, with their own options, to the same rotation
-(their times as NAME_ms, and speedup_vs_NAME: > 1 when the current version is faster).
+`--variant NAME:OPTIONS` adds more versions of this tree to the same rotation: the current version's
+options and pins with OPTIONS on top (their times as NAME_ms, and speedup_vs_NAME: > 1 when the
+current version is faster).
 """
 from __future__ import annotations
 
@@ -119,6 +120,11 @@ def parse_sdpa(text: str) -> list[str]:
     return names
 
 
+def variant_options(current: dict, variant: dict) -> dict:
+    """A variant's options: the current version's (its pins too), with the variant's own on top."""
+    return {**current, **variant}
+
+
 def launch_options(mod, options: dict):
     """A version's LaunchOptions from parsed options, pins ({kernel: numbers}) made into its own configs."""
     pinned = {name: mod.make_config(*cfg) for name, cfg in options.get("pinned", {}).items()}
@@ -167,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-pin", action="append", type=parse_pin, default=[],
                     metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]", help="the same for the baseline")
     ap.add_argument("--variant", action="append", type=parse_variant, default=[], metavar="NAME:NAME=VALUE,...",
-                    help="another version of this tree with these LaunchOptions (and no --pin), in the same rotation "
-                         "(repeatable)")
+                    help="another version of this tree, in the same rotation: the current version's options and "
+                         "pins with these on top (repeatable)")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
                     help="SDPA backends to time in the same rotation")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
@@ -198,13 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     base = load_module(args.baseline) if args.baseline else current
     label = args.label or (args.baseline.name if args.baseline else "this tree")
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
-              "baseline_options": args.baseline_options, "variants": dict(args.variant), "sdpa": args.sdpa,
+              "baseline_options": args.baseline_options,
+              "variants": {name: variant_options(args.options, opts) for name, opts in args.variant}, "sdpa": args.sdpa,
               "pass": args.which,
               "rounds": args.rounds, "cells": []}
     # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, launch_options(current, args.options)),
                 "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None),
-                **{name: (current, launch_options(current, opts)) for name, opts in args.variant}}
+                **{name: (current, launch_options(current, variant_options(args.options, opts)))
+                   for name, opts in args.variant}}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))

@@ -14,6 +14,7 @@ from benchmarks.flash_ab import (
     parse_sdpa,
     parse_shape,
     parse_variant,
+    variant_options,
 )
 
 
@@ -88,6 +89,13 @@ def test_a_variant_parses_into_a_name_and_options_and_bad_ones_are_named():
             parse_variant(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="head_group is a positive integer"):
         parse_variant("g0:head_group=0")
+
+
+def test_a_variant_keeps_the_current_pins_and_options_under_its_own():
+    current = {"tma": False, "head_group": 4, "pinned": {"dq": (128, 64, 4, 3)}}
+    assert variant_options(current, {"head_group": 1}) == {"tma": False, "head_group": 1,
+                                                         "pinned": {"dq": (128, 64, 4, 3)}}
+    assert variant_options(current, {}) == current and current["head_group"] == 4
 
 
 def test_two_variants_of_one_name_are_refused(tmp_path, capsys):
