@@ -203,16 +203,14 @@ def main(argv: list[str] | None = None) -> int:
 
     base = load_module(args.baseline) if args.baseline else current
     label = args.label or (args.baseline.name if args.baseline else "this tree")
+    variants = {name: variant_options(args.options, opts) for name, opts in args.variant}
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
-              "baseline_options": args.baseline_options,
-              "variants": {name: variant_options(args.options, opts) for name, opts in args.variant}, "sdpa": args.sdpa,
-              "pass": args.which,
-              "rounds": args.rounds, "cells": []}
+              "baseline_options": args.baseline_options, "variants": variants, "sdpa": args.sdpa,
+              "pass": args.which, "rounds": args.rounds, "cells": []}
     # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, launch_options(current, args.options)),
                 "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None),
-                **{name: (current, launch_options(current, variant_options(args.options, opts)))
-                   for name, opts in args.variant}}
+                **{name: (current, launch_options(current, opts)) for name, opts in variants.items()}}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
@@ -232,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 "speedup": min(ms["baseline"]) / min(ms["current"]),
                 "max_abs_diff": max((a.float() - b.float()).abs().max().item()
                                     for a, b in zip(out_cur, out_base, strict=True))}
-        for name, _ in args.variant:
+        for name in variants:
             cell[f"{name}_ms"] = ms[name]
             cell[f"speedup_vs_{name}"] = min(ms[name]) / min(ms["current"])
         for backend in args.sdpa:  # > 1: the current version is faster than that backend

@@ -712,12 +712,11 @@ def _launch_config(kernel_fixed, which: str, q: torch.Tensor, head_dim: int, opt
     return kernel_fixed, {"BLOCK_M": bm, "BLOCK_N": bn}
 
 
-def _head_group(is_causal: bool, k: torch.Tensor, v: torch.Tensor, forced: int | None = None) -> int:
-    """How many (z, h) pairs interleave their tiles in one call's grid (G of _program_ids): `forced` if
-    given, else HEAD_GROUP for causal calls and 1 (head-major) for the rest. G must divide batch x heads
-    and the groups must fit grid axis 2 (MAX_GRID_YZ), so the wanted size is rounded down to a divisor
-    that keeps them in (up, where none below does)."""
-    zh = math.prod(k.shape[:-2])
+def _head_group(is_causal: bool, zh: int, forced: int | None = None) -> int:
+    """How many of a call's zh (z, h) pairs interleave their tiles in its grid (G of _program_ids):
+    `forced` if given, else HEAD_GROUP for causal calls and 1 (head-major) for the rest. G must divide
+    zh and the groups must fit grid axis 2 (MAX_GRID_YZ), so the wanted size is rounded down to a
+    divisor that keeps them in (up, where none below does)."""
     want = forced if forced is not None else (HEAD_GROUP if is_causal else 1)
     fits = [g for g in _divisors(zh) if zh // g <= MAX_GRID_YZ]
     return max((g for g in fits if g <= want), default=fits[0])
@@ -969,7 +968,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    group = _head_group(is_causal, k, v, options.head_group)
+    group = _head_group(is_causal, Z * H, options.head_group)
     tma_kv = d in TMA_FWD_HEAD_DIMS and _tma_kv(k4, v4, options)
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
@@ -1018,7 +1017,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    group = _head_group(is_causal, k, v, options.head_group)
+    group = _head_group(is_causal, Z * H, options.head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
 
     # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads
