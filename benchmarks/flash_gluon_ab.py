@@ -1,0 +1,133 @@
+"""The Gluon forward (kernels/flash_gluon.py) beside the Triton forward and SDPA's backends, in turns.
+
+Per shape: every Gluon config, the Triton forward (autotuned, its default options) and the SDPA
+backends are timed in rounds, one after another in one process (CUDA events, warm-up excluded), so
+clock drift falls on all of them. Accuracy: each forward's O and L on the first and the last
+(z, h) pair against a float64 reference (the largest error of any row, which a wrong ragged row
+cannot hide in), and the largest difference from the Triton forward over the whole tensor. A config
+that fails to compile or run is recorded with its error and the run goes on.
+
+    python -m benchmarks.flash_gluon_ab --config 128,128,2,8 --config 128,64,3,8 \
+        --shape 4,16,4096,128,causal --sdpa cudnn --out gluon_ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, write_report
+
+SHAPES = [((4, 16, 4096, 128), True), ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True),
+          ((16, 16384, 64), True), ((4, 16, 4096, 64), False)]
+CONFIGS = [(128, 128, 2, 8), (128, 64, 3, 8)]
+
+
+def parse_config(text: str) -> tuple[int, int, int, int]:
+    """"128,128,2,8" -> (block_m, block_n, stages, num_warps)."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != 4 or not all(x.isdigit() and int(x) > 0 for x in parts):
+        raise argparse.ArgumentTypeError(f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers)")
+    return tuple(int(x) for x in parts)  # type: ignore[return-value]
+
+
+def config_name(cfg: tuple[int, int, int, int]) -> str:
+    return "gluon_" + "x".join(map(str, cfg))
+
+
+def forward_call(forward, q, k, v, causal: bool, **knobs):
+    """The timed call: one forward on (q, k, v)."""
+    return lambda: forward(q, k, v, causal, **knobs)
+
+
+def reference(q, k, v, causal: bool, zh: int):
+    """float64 O and natural-log L of (z, h) pair `zh` of (Z*H, n, d) views."""
+    import torch
+
+    qs, ks, vs = (t[zh].double() for t in (q, k, v))
+    s = qs @ ks.T / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.softmax(s, dim=-1) @ vs, lse
+
+
+def as_pairs(t):
+    """(..., n, d) as (Z*H, n, d)."""
+    return t.reshape(-1, t.shape[-2], t.shape[-1])
+
+
+def row_errors(o, lse, ref_o, ref_lse) -> dict:
+    """The largest error of any row of O (max over d) and of L, against the reference."""
+    err_o = (o.double() - ref_o).abs().amax(dim=-1)
+    return {"o_row_max": err_o.max().item(), "o_row_median": err_o.median().item(),
+            "lse_max": (lse.double() - ref_lse).abs().max().item()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", type=parse_config, default=None, metavar="BM,BN,STAGES,WARPS",
+                    help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
+    ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
+                    help="a shape (repeatable; 3 numbers: no head axis)")
+    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
+    ap.add_argument("--head-group", type=int, default=None, help="Gluon grid order (default: as Triton's)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+    from pathlib import Path
+
+    import torch
+
+    from kernels import flash_gluon, flash_triton
+    from worker.harness import fingerprint, measure
+
+    out = Path(args.out)
+    configs = args.config or CONFIGS
+    report = {"kind": "flash_gluon_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
+              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "cells": []}
+    for shape, causal in args.shape or SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+        cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
+        calls = {"triton": forward_call(flash_triton.flash_attention_forward, q, k, v, causal)}
+        for cfg in configs:
+            bm, bn, stages, warps = cfg
+            call = forward_call(flash_gluon.flash_attention_forward, q, k, v, causal, block_m=bm, block_n=bn,
+                                stages=stages, num_warps=warps, head_group=args.head_group)
+            try:
+                call()
+                torch.cuda.synchronize()
+                calls[config_name(cfg)] = call
+            except Exception as exc:  # noqa: BLE001 - a failed config is a result: record it, time the rest
+                cell["failed"][config_name(cfg)] = f"{type(exc).__name__}: {exc}"[:2000]
+        q3, k3, v3 = (as_pairs(t) for t in (q, k, v))
+        refs = {zh: reference(q3, k3, v3, causal, zh) for zh in (0, q3.shape[0] - 1)}
+        o_tri, l_tri = calls["triton"]()
+        for name, call in calls.items():
+            o, lse = call()
+            o3, l3 = as_pairs(o), lse.reshape(-1, lse.shape[-1])
+            cell["errors"][name] = {str(zh): row_errors(o3[zh], l3[zh], *ref) for zh, ref in refs.items()}
+            if name != "triton":
+                cell["errors"][name]["o_max_diff_vs_triton"] = (o.float() - o_tri.float()).abs().max().item()
+                cell["errors"][name]["lse_max_diff_vs_triton"] = (lse - l_tri).abs().max().item()
+        for backend in args.sdpa:
+            calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, None, causal)
+        ms: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, call in calls.items():
+                ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
+        cell["ms"] = ms
+        best = {name: min(xs) for name, xs in ms.items()}
+        cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
+        for backend in args.sdpa:
+            cell[f"speedup_vs_sdpa_{backend}"] = {name: best[f"sdpa_{backend}"] / t for name, t in best.items()}
+        record_cell(report, cell, out)
+    report["triton_autotuned"] = flash_triton.autotuned_configs()
+    write_report(report, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""FlashAttention-2 forward in Gluon for Hopper (sm_90): an experiment beside kernels/flash_triton.py.
+
+Why a second forward. Triton 3.6 places the waits of a kernel's matmuls itself: right after a score
+matmul whose result feeds elementwise work it waits for every outstanding matmul, so the softmax of
+one tile never runs while the tensor cores work on the P V of the tile before (docs/results/h200/
+flash_tuning.md, steps 17, 22 and 28). Gluon, Triton's lower-level language, leaves the layouts, the
+shared-memory buffers, the copy engine's barriers and the matmul waits to the kernel. This forward
+uses that for FlashAttention-3's overlap inside a warpgroup: per key tile t,
+
+    issue  S(t) = Q K(t)^T                     (async wgmma)
+    issue  O += P(t-1) V(t-1)                  (async wgmma, P from registers)
+    wait until only the P V is in flight      -> S(t)
+    softmax of S(t) on the CUDA cores          (while the tensor cores finish P V)
+    wait for the P V, rescale O by exp2(m_old - m_new)
+
+K and V come through tensor descriptors into a ring of STAGES shared-memory slots, each with an
+mbarrier the copy engine signals; slot t % STAGES is refilled with tile t - 1 + STAGES once both
+warpgroups are done with tile t - 1 (a block barrier: every warpgroup reads every K and V tile).
+
+Same contract as kernels/flash_triton.py's forward: (Z, H, n, d) views with their own strides (unit
+stride along d, 16-byte aligned rows), causal aligned top-left, O in the input dtype, L = natural-log
+logsumexp (fp32). 16-bit inputs, d in HEAD_DIMS, on sm_90; there is no interpreter for Gluon, so only a
+GPU runs it (CPU tests compile it for sm_90: tests/kernels/test_flash_gluon.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from kernels import flash_triton as ft
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+# a barrier across the block's warps: thread_barrier in Triton 3.6 (the GPU image), barrier in 3.7
+_block_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _mask_scores(s, start_m, start_n, n_k, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """-inf where key start_n + j is past n_k or (causal) right of query start_m + i."""
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    keep = gl.expand_dims(offs_n < n_k, 0)
+    if IS_CAUSAL:
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        keep = keep & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
+    return gl.where(keep, s, float("-inf"))
+
+
+@gluon.jit
+def _fwd_kernel(Q, K, V, O, L,
+                stride_qz, stride_qh, stride_qm,
+                stride_kz, stride_kh, stride_kn,
+                stride_vz, stride_vh, stride_vn,
+                stride_oz, stride_oh, stride_om,
+                H, n_q, n_k, qk_scale,
+                IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
+    # grid and order as the Triton kernels' (_program_ids): (G, tiles, ZH / G), heaviest causal tile first
+    pid_m = gl.program_id(1)
+    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(1) - 1 - pid_m
+    z = pid_zh // H
+    h = pid_zh % H
+    start_m = pid_m * BLOCK_M
+    dtype: gl.constexpr = Q.dtype.element_ty
+
+    # wgmma layouts: warps stacked along the rows (16 a warp per instruction), N = the whole tile
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    q_desc = tma.make_tensor_descriptor(Q + z.to(gl.int64) * stride_qz + h.to(gl.int64) * stride_qh,
+                                        shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_smem_layout)
+    k_desc = tma.make_tensor_descriptor(K + z.to(gl.int64) * stride_kz + h.to(gl.int64) * stride_kh,
+                                        shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem_layout)
+    v_desc = tma.make_tensor_descriptor(V + z.to(gl.int64) * stride_vz + h.to(gl.int64) * stride_vh,
+                                        shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_smem_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+
+    # key tiles [0, n_iter); those from hi_unmasked on cross the diagonal or the ragged end (masked)
+    n_full = (n_k // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = gl.minimum(start_m + BLOCK_M, n_k)
+        hi_unmasked = gl.minimum(start_m, n_full)
+    else:
+        hi = n_k
+        hi_unmasked = n_full
+    n_iter = gl.cdiv(hi, BLOCK_N)
+
+    # the copy engine starts on Q and the first STAGES key tiles
+    kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    mbarrier.expect(q_bar, BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        mbarrier.expect(k_bars.index(i), kv_bytes, pred=i < n_iter)
+        tma.async_copy_global_to_shared(k_desc, [i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i), pred=i < n_iter)
+        mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_iter)
+        tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=i < n_iter)
+
+    # tile 0: scores, then the softmax state (m in log2 units of the scaled scores, as the Triton forward)
+    zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
+    if hi_unmasked <= 0:
+        s = _mask_scores(s, start_m, 0, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+    m_i = gl.max(s, axis=1) * qk_scale
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+    l_i = gl.sum(p, axis=1)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    for t in range(1, n_iter):
+        slot = t % STAGES
+        prev = (t - 1) % STAGES
+        mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
+        if t * BLOCK_N >= hi_unmasked:
+            s = _mask_scores(s, start_m, t * BLOCK_N, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        # slot `prev` is free in this warpgroup; the block barrier makes it free in all of them
+        _block_barrier()
+        refill = t - 1 + STAGES
+        mbarrier.expect(k_bars.index(prev), kv_bytes, pred=refill < n_iter)
+        tma.async_copy_global_to_shared(k_desc, [refill * BLOCK_N, 0], k_bars.index(prev), k_smem.index(prev),
+                                        pred=refill < n_iter)
+        mbarrier.expect(v_bars.index(prev), kv_bytes, pred=refill < n_iter)
+        tma.async_copy_global_to_shared(v_desc, [refill * BLOCK_N, 0], v_bars.index(prev), v_smem.index(prev),
+                                        pred=refill < n_iter)
+
+    last = (n_iter - 1) % STAGES
+    mbarrier.wait(v_bars.index(last), ((n_iter - 1) // STAGES) & 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc)
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log, as the contract says
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    gl.store(L + pid_zh.to(gl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
+    # O through Q's slot (every matmul that read it has finished); the copy engine clips rows past n_q
+    o_desc = tma.make_tensor_descriptor(O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh,
+                                        shape=[n_q, HEAD_DIM], strides=[stride_om, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_smem_layout)
+    _block_barrier()
+    q_smem.store(out.to(dtype))
+    fence_async_shared()
+    _block_barrier()
+    tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
+    tma.store_wait(0)
+
+
+def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2) -> str | None:
+    """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can."""
+    if num_warps not in (4, 8):
+        return f"num_warps {num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
+    if block_m % (16 * num_warps) or block_m > 256:
+        return f"block_m {block_m}: a multiple of 16 x num_warps ({16 * num_warps}) up to 256"
+    if block_n not in (32, 64, 128, 256) or block_m % block_n:
+        return f"block_n {block_n}: 32, 64, 128 or 256, dividing block_m {block_m}"
+    if stages < 2:
+        return f"stages {stages}: at least 2 (a slot is refilled only after its tile is used)"
+    smem = (block_m + 2 * stages * block_n) * head_dim * elem
+    if smem > ft.SMEM_BUDGET:
+        return f"{smem} bytes of shared memory for Q and {stages} K/V slots, over {ft.SMEM_BUDGET}"
+    return None
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why this forward cannot take (q, k, v), or None if it can (after flash_triton's own input checks)."""
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype}: the Gluon forward takes fp16 and bf16"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: the Gluon forward takes {', '.join(map(str, HEAD_DIMS))}"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "the Gluon forward runs on sm_90 (Hopper) only"
+    if not all(ft._tma_ready(ft._as_zhnd(t)) for t in (q, k, v)):
+        return "q, k and v need unit stride along d and 16-byte aligned rows (tensor descriptors)"
+    return None
+
+
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                            block_m: int = 128, block_n: int = 128, stages: int = 2, num_warps: int = 8,
+                            head_group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gluon forward: (O shaped like q, L shaped q.shape[:-1], fp32), as flash_triton's forward."""
+    ft._check_inputs(q, k, v)
+    why = supported(q, k, v) or config_error(q.shape[-1], block_m, block_n, stages, num_warps)
+    if why:
+        raise ValueError(why)
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4 = ft._as_zhnd(q), ft._as_zhnd(k), ft._as_zhnd(v)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o4 = out.view(q4.shape)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    Z, H = q4.shape[0], q4.shape[1]
+    group = ft._head_group(bool(is_causal), Z * H, head_group)
+    ft._ensure_scratch_allocator()
+    grid = (group, triton.cdiv(n_q, block_m), Z * H // group)
+    _fwd_kernel[grid](q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
+                      H, n_q, n_k, qk_scale(d), bool(is_causal), d, block_m, block_n, stages, num_warps,
+                      num_warps=num_warps)
+    return out, lse
+
+
+def qk_scale(head_dim: int) -> float:
+    """1/sqrt(d) * log2(e): the scale that turns raw scores into log2 units of the softmax's argument."""
+    return ft.LOG2E / math.sqrt(head_dim)
