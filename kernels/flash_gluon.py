@@ -59,6 +59,23 @@ def _mask_scores(s, start_m, start_n, n_k, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.
 
 
 @gluon.jit
+def _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, tile, n_iter, kv_bytes: gl.constexpr,
+            BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Start the copy of key tile `tile` (if there is one) into `slot`, whose tile this warpgroup has used.
+
+    With one warpgroup (4 warps) the matmul waits before this were the whole block's; with two, the
+    other warpgroup may still read the slot, so a block barrier comes first."""
+    if NUM_WARPS > 4:
+        _block_barrier()
+    mbarrier.expect(k_bars.index(slot), kv_bytes, pred=tile < n_iter)
+    tma.async_copy_global_to_shared(k_desc, [tile * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot),
+                                    pred=tile < n_iter)
+    mbarrier.expect(v_bars.index(slot), kv_bytes, pred=tile < n_iter)
+    tma.async_copy_global_to_shared(v_desc, [tile * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot),
+                                    pred=tile < n_iter)
+
+
+@gluon.jit
 def _fwd_kernel(Q, K, V, O, L,
                 stride_qz, stride_qh, stride_qm,
                 stride_kz, stride_kh, stride_kn,
@@ -66,7 +83,7 @@ def _fwd_kernel(Q, K, V, O, L,
                 stride_oz, stride_oh, stride_om,
                 H, n_q, n_k, qk_scale,
                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
+                STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr):
     # grid and order as the Triton kernels' (_program_ids): (G, tiles, ZH / G), heaviest causal tile first
     pid_m = gl.program_id(1)
     pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
@@ -127,49 +144,62 @@ def _fwd_kernel(Q, K, V, O, L,
         mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_iter)
         tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=i < n_iter)
 
-    # tile 0: scores, then the softmax state (m in log2 units of the scaled scores, as the Triton forward)
     zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
-    if hi_unmasked <= 0:
-        s = _mask_scores(s, start_m, 0, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-    m_i = gl.max(s, axis=1) * qk_scale
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
-    l_i = gl.sum(p, axis=1)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-
-    for t in range(1, n_iter):
-        slot = t % STAGES
-        prev = (t - 1) % STAGES
-        mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
-        if t * BLOCK_N >= hi_unmasked:
-            s = _mask_scores(s, start_m, t * BLOCK_N, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        # slot `prev` is free in this warpgroup; the block barrier makes it free in all of them
-        _block_barrier()
-        refill = t - 1 + STAGES
-        mbarrier.expect(k_bars.index(prev), kv_bytes, pred=refill < n_iter)
-        tma.async_copy_global_to_shared(k_desc, [refill * BLOCK_N, 0], k_bars.index(prev), k_smem.index(prev),
-                                        pred=refill < n_iter)
-        mbarrier.expect(v_bars.index(prev), kv_bytes, pred=refill < n_iter)
-        tma.async_copy_global_to_shared(v_desc, [refill * BLOCK_N, 0], v_bars.index(prev), v_smem.index(prev),
-                                        pred=refill < n_iter)
-
-    last = (n_iter - 1) % STAGES
-    mbarrier.wait(v_bars.index(last), ((n_iter - 1) // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc)
+    if OVERLAP:
+        # tile 0: scores, then the softmax state (m in log2 units of the scaled scores, as the Triton forward)
+        mbarrier.wait(k_bars.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
+        if hi_unmasked <= 0:
+            s = _mask_scores(s, start_m, 0, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+        m_i = gl.max(s, axis=1) * qk_scale
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+        l_i = gl.sum(p, axis=1)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        for t in range(1, n_iter):
+            slot = t % STAGES
+            prev = (t - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
+            if t * BLOCK_N >= hi_unmasked:
+                s = _mask_scores(s, start_m, t * BLOCK_N, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev, t - 1 + STAGES, n_iter, kv_bytes,
+                    BLOCK_N, NUM_WARPS)
+        last = (n_iter - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((n_iter - 1) // STAGES) & 1)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc)
+    else:
+        # the plain order, for comparison: each tile's S, softmax, then P V, every matmul waited at once
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        for t in range(0, n_iter):
+            slot = t % STAGES
+            mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False)
+            if t * BLOCK_N >= hi_unmasked:
+                s = _mask_scores(s, start_m, t * BLOCK_N, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(slot), acc)
+            _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, t + STAGES, n_iter, kv_bytes,
+                    BLOCK_N, NUM_WARPS)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -222,8 +252,9 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                             block_m: int = 128, block_n: int = 128, stages: int = 2, num_warps: int = 8,
-                            head_group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Gluon forward: (O shaped like q, L shaped q.shape[:-1], fp32), as flash_triton's forward."""
+                            head_group: int | None = None, overlap: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gluon forward: (O shaped like q, L shaped q.shape[:-1], fp32), as flash_triton's forward.
+    overlap=False takes the plain order (each tile's S, softmax, P V in turn) instead of FA-3's."""
     ft._check_inputs(q, k, v)
     why = supported(q, k, v) or config_error(q.shape[-1], block_m, block_n, stages, num_warps)
     if why:
@@ -238,7 +269,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     ft._ensure_scratch_allocator()
     grid = (group, triton.cdiv(n_q, block_m), Z * H // group)
     _fwd_kernel[grid](q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-                      H, n_q, n_k, qk_scale(d), bool(is_causal), d, block_m, block_n, stages, num_warps,
+                      H, n_q, n_k, qk_scale(d), bool(is_causal), d, block_m, block_n, stages, num_warps, bool(overlap),
                       num_warps=num_warps)
     return out, lse
 
