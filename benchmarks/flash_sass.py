@@ -9,6 +9,10 @@ on the H200). It is the cheap look before device
 time: does a change keep a matmul in flight, add a barrier, or cost registers?
 
     python -m benchmarks.flash_sass --pin dkdv=64,64,4,2 --head-dim 128 --tma --causal --out sass
+    python -m benchmarks.flash_sass --gluon 64,64,3,4 --head-dim 128 --causal --out sass
+
+`--gluon BM,BN,STAGES,WARPS[,plain]` compiles the Gluon forward (kernels/flash_gluon.py) instead, in
+benchmarks/flash_gluon_ab.py's config order.
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
 N matmuls left in flight) and the `exp2`s and `if`s between them, in program order.
@@ -24,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.flash_ab import parse_pin, write_report
+from benchmarks.flash_gluon_ab import parse_config
 from kernels.names import DTYPES, torch_dtype
 
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
@@ -107,17 +112,69 @@ def sass_ops(sass: str) -> dict[str, int]:
     return dict(ops.most_common())
 
 
+def write_listing(compiled, stem: Path, about: dict) -> dict:
+    """Write `compiled`'s TTGIR, PTX, cubin, SASS and a report (resources, loop orders, SASS mix) next to
+    `stem`; return the report."""
+    import triton
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".ttgir").write_text(compiled.asm["ttgir"])
+    stem.with_suffix(".ptx").write_text(compiled.asm["ptx"])
+    stem.with_suffix(".cubin").write_bytes(compiled.asm["cubin"])
+    sass = subprocess.run([str(tool("nvdisasm")), "-c", str(stem.with_suffix(".cubin"))],
+                          capture_output=True, text=True, check=True).stdout
+    stem.with_suffix(".sass").write_text(sass)
+    report = {"kind": "flash_sass", **about, "triton": triton.__version__, "target": "sm_90",
+              "shared_bytes": compiled.metadata.shared, **resources(stem.with_suffix(".cubin")),
+              "loops": loop_orders(compiled.asm["ttgir"]), "sass_ops": sass_ops(sass)}
+    write_report(report, stem.with_suffix(".json"))
+    return report
+
+
+def compile_gluon(args, ap) -> int:
+    """--gluon: the Gluon forward at one config, compiled for sm_90 and written out as for --pin."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels import flash_gluon
+
+    block_m, block_n, stages, warps, overlap = args.gluon
+    if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
+        ap.error(f"--gluon takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
+    why = flash_gluon.config_error(args.head_dim, block_m, block_n, stages, warps)
+    if why:
+        ap.error(f"--gluon {','.join(map(str, args.gluon[:4]))}: {why}")
+    jit_fn = flash_gluon._fwd_kernel
+    constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                  "STAGES": stages, "NUM_WARPS": warps, "OVERLAP": overlap}
+    sig, attrs = signature(jit_fn, constexprs, args.dtype)
+    compiled = triton.compile(GluonASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})
+    name = f"gluon_fwd_{block_m}_{block_n}_{stages}_{warps}{'' if overlap else '_plain'}_d{args.head_dim}"
+    report = write_listing(compiled, args.out / name, {
+        "kernel": "gluon_fwd", "config": list(args.gluon), "head_dim": args.head_dim, "dtype": args.dtype,
+        "causal": args.causal})
+    print(f"gluon fwd {args.gluon} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
+          f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
+    for i, loop in enumerate(report["loops"]):
+        print(f"  loop {i}: {' '.join(loop)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pin", type=parse_pin, required=True, metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
-                    help="the kernel (fwd, dkdv or dq) and its config")
+    which_kernel = ap.add_mutually_exclusive_group(required=True)
+    which_kernel.add_argument("--pin", type=parse_pin, metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
+                              help="the kernel (fwd, dkdv or dq) and its config")
+    which_kernel.add_argument("--gluon", type=parse_config, metavar="BM,BN,STAGES,WARPS[,plain]",
+                              help="the Gluon forward and its config")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--tma", action="store_true", help="the kernel's streamed tiles through tensor descriptors")
     ap.add_argument("--out", type=Path, required=True, help="folder for the report, TTGIR, PTX and SASS")
     args = ap.parse_args(argv)
-    which, cfg = args.pin
     if not 1 <= args.head_dim <= 256:
         ap.error(f"--head-dim {args.head_dim}: the kernels take 1 to 256")
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -130,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     from triton.compiler import ASTSource
 
     from kernels import flash_triton as ft
+
+    if args.gluon:
+        return compile_gluon(args, ap)
+    which, cfg = args.pin
 
     jit_fn = ft._JIT[which]
     precision = ft._precision(torch_dtype(args.dtype), "tf32")
@@ -144,20 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     compiled = triton.compile(ASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"{which}_{'_'.join(map(str, cfg))}_d{args.head_dim}{'_tma' if args.tma else ''}"
-    stem.with_suffix(".ttgir").write_text(compiled.asm["ttgir"])
-    stem.with_suffix(".ptx").write_text(compiled.asm["ptx"])
-    stem.with_suffix(".cubin").write_bytes(compiled.asm["cubin"])
-    sass = subprocess.run([str(tool("nvdisasm")), "-c", str(stem.with_suffix(".cubin"))],
-                          capture_output=True, text=True, check=True).stdout
-    stem.with_suffix(".sass").write_text(sass)
-    report = {"kind": "flash_sass", "kernel": which, "config": list(cfg), "head_dim": args.head_dim,
-              "dtype": args.dtype, "causal": args.causal, "tma": args.tma, "triton": triton.__version__,
-              "target": "sm_90", "shared_bytes": compiled.metadata.shared,
-              **resources(stem.with_suffix(".cubin")), "loops": loop_orders(compiled.asm["ttgir"]),
-              "sass_ops": sass_ops(sass)}
-    write_report(report, stem.with_suffix(".json"))
+    report = write_listing(compiled, stem, {"kernel": which, "config": list(cfg), "head_dim": args.head_dim,
+                                            "dtype": args.dtype, "causal": args.causal, "tma": args.tma})
     print(f"{which} {cfg} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
           f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
     for i, loop in enumerate(report["loops"]):

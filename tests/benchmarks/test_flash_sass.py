@@ -44,3 +44,29 @@ def test_bad_input_is_named_and_writes_nothing(tmp_path):
     r = _run("--pin", "fwd=128,64,8,3", "--out", str(tmp_path / "c"), interpret=True)
     assert r.returncode == 2 and "unset TRITON_INTERPRET" in r.stderr
     assert not any((tmp_path / d).exists() for d in "abc")
+
+
+@pytest.mark.parametrize(("overlap", "head_dim"), [(True, 128), (False, 64)])
+def test_the_gluon_forward_keeps_p_v_in_flight_through_the_softmax(tmp_path, overlap, head_dim):
+    cfg = "64,64,3,4" + ("" if overlap else ",plain")
+    r = _run("--gluon", cfg, "--head-dim", str(head_dim), "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    name = f"gluon_fwd_64_64_3_4{'' if overlap else '_plain'}_d{head_dim}"
+    report = json.loads((tmp_path / f"{name}.json").read_text())
+    assert report["kernel"] == "gluon_fwd" and report["stack_bytes"] == 0  # no spills at this config
+    (loop,) = report["loops"]
+    if overlap:  # S(t) and P(t-1) V(t-1) issued, wait for S alone, the softmax, then wait for P V
+        assert loop[:3] == ["dot:s_tok", "dot:o_tok", "wait:1"], loop
+        assert loop.index("exp2") < loop.index("wait:0"), loop
+    else:
+        assert "wait:1" not in loop and loop[0] == "dot:s" and loop[-1] == "dot:acc", loop
+
+
+def test_a_gluon_config_the_kernel_cannot_run_is_named(tmp_path):
+    r = _run("--gluon", "64,128,3,4", "--head-dim", "128", "--out", str(tmp_path / "a"))
+    assert r.returncode == 2 and "block_n 128" in r.stderr
+    r = _run("--gluon", "64,64,3,4", "--head-dim", "96", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "head dim 64 or 128" in r.stderr
+    r = _run("--gluon", "64,64,3,4", "--pin", "fwd=128,64,8,3", "--out", str(tmp_path / "c"))
+    assert r.returncode == 2 and "not allowed with" in r.stderr
+    assert not any((tmp_path / d).exists() for d in "abc")

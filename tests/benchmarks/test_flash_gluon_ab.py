@@ -1,0 +1,42 @@
+"""flash_gluon_ab's configs parse, and its accuracy check sees a single wrong row."""
+import argparse
+import math
+
+import pytest
+import torch
+
+from benchmarks.flash_gluon_ab import config_name, parse_config, reference, row_errors
+
+
+def test_configs_parse_and_bad_ones_are_named():
+    assert parse_config("64,64,3,4") == (64, 64, 3, 4, True)
+    assert parse_config("128,64,3,8,plain") == (128, 64, 3, 8, False)
+    assert config_name((64, 64, 3, 4, True)) == "gluon_64x64x3x4"
+    assert config_name((64, 64, 3, 4, False)) == "gluon_64x64x3x4_plain"
+    for bad in ("64,64,3", "64,64,3,4,fast", "64,0,3,4", "a,b,c,d"):
+        with pytest.raises(argparse.ArgumentTypeError, match="BLOCK_M,BLOCK_N,STAGES,WARPS"):
+            parse_config(bad)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_is_softmax_attention_with_its_logsumexp(causal):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 8, generator=gen) for _ in range(3))
+    o, lse = reference(q, k, v, causal, 1)
+    s = q[1].double() @ k[1].double().T / math.sqrt(8)
+    if causal:
+        s = s + torch.full((5, 5), float("-inf"), dtype=torch.float64).triu(1)
+    assert torch.allclose(lse, torch.logsumexp(s, -1))
+    assert torch.allclose(o, torch.softmax(s, -1) @ v[1].double())
+    if causal:  # the first query sees only the first key
+        assert torch.allclose(o[0], v[1, 0].double())
+
+
+def test_one_wrong_row_shows_in_the_row_maximum_not_the_median():
+    gen = torch.Generator().manual_seed(1)
+    ref_o, ref_lse = torch.randn(64, 16, generator=gen).double(), torch.randn(64, generator=gen).double()
+    o, lse = ref_o.float().clone(), ref_lse.float().clone()
+    o[63] += 0.5  # a ragged last row gone wrong
+    err = row_errors(o, lse, ref_o, ref_lse)
+    assert err["o_row_max"] == pytest.approx(0.5, abs=1e-6) and err["o_row_median"] < 1e-6
+    assert err["lse_max"] < 1e-6

@@ -1,0 +1,47 @@
+"""The Gluon forward's launcher refuses what the kernel cannot run, with the reason named.
+
+The kernel itself has no interpreter: tests/benchmarks/test_flash_sass.py compiles it for sm_90 on this
+CPU machine, and the GPU host runs it (benchmarks/flash_gluon_ab.py checks every output row there)."""
+import pytest
+import torch
+
+from kernels import flash_gluon
+
+
+@pytest.mark.parametrize(("head_dim", "cfg"), [(128, (64, 64, 3, 4)), (64, (128, 64, 3, 8)), (128, (256, 32, 3, 8))])
+def test_configs_the_h200_ran_are_accepted(head_dim, cfg):
+    assert flash_gluon.config_error(head_dim, *cfg) is None
+
+
+@pytest.mark.parametrize(("cfg", "named"), [
+    ((64, 64, 3, 2), "num_warps 2"),          # wgmma needs whole warpgroups
+    ((96, 64, 3, 8), "block_m 96"),           # not a multiple of 16 rows a warp
+    ((512, 64, 2, 8), "block_m 512"),         # past one wgmma's rows
+    ((64, 128, 3, 4), "block_n 128"),         # must divide block_m (the causal diagonal lines up)
+    ((64, 48, 3, 4), "block_n 48"),
+    ((64, 64, 1, 4), "stages 1"),             # a slot is refilled only after its tile was used
+    ((128, 128, 3, 8), "229376 bytes"),       # Q and three 128-key slots at d=128: over the budget
+])
+def test_bad_configs_are_named(cfg, named):
+    why = flash_gluon.config_error(128, *cfg)
+    assert why is not None and named in why
+
+
+def test_inputs_it_cannot_take_are_named():
+    q16 = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    assert "fp16 and bf16" in flash_gluon.supported(q16.float(), q16.float(), q16.float())
+    q96 = torch.randn(1, 2, 64, 96, dtype=torch.float16)
+    assert "head dim 96" in flash_gluon.supported(q96, q96, q96)
+    assert "sm_90" in flash_gluon.supported(q16, q16, q16)  # this machine has no GPU
+
+
+def test_the_launcher_checks_before_it_launches():
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_90"):
+        flash_gluon.flash_attention_forward(q, q, q)
+    with pytest.raises(ValueError, match="same shape"):  # flash_triton's own input checks come first
+        flash_gluon.flash_attention_forward(q, q, q[..., :32, :])
+
+
+def test_the_scale_is_log2e_over_sqrt_d():
+    assert flash_gluon.qk_scale(64) == pytest.approx(1.4426950408889634 / 8)
