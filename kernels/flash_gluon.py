@@ -59,6 +59,19 @@ def _mask_scores(s, start_m, start_n, n_k, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.
 
 
 @gluon.jit
+def _online_softmax(s, m_i, l_i, start_n, start_m, n_k, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """One key tile's step of the online softmax on raw scores s (masked from hi_unmasked on):
+    returns (P, the rescale exp2(m_old - m_new) of what was summed before, and the new m and l)."""
+    if start_n >= hi_unmasked:
+        s = _mask_scores(s, start_m, start_n, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, tile, n_iter, kv_bytes: gl.constexpr,
             BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Start the copy of key tile `tile` (if there is one) into `slot`, whose tile this warpgroup has used.
@@ -165,13 +178,8 @@ def _fwd_kernel(Q, K, V, O, L,
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
-            if t * BLOCK_N >= hi_unmasked:
-                s = _mask_scores(s, start_m, t * BLOCK_N, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale,
+                                                 IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
             acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev, t - 1 + STAGES, n_iter, kv_bytes,
@@ -188,13 +196,8 @@ def _fwd_kernel(Q, K, V, O, L,
             slot = t % STAGES
             mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False)
-            if t * BLOCK_N >= hi_unmasked:
-                s = _mask_scores(s, start_m, t * BLOCK_N, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale,
+                                                 IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(slot), acc)
