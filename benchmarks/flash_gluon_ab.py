@@ -19,22 +19,23 @@ from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell
 
 SHAPES = [((4, 16, 4096, 128), True), ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True),
           ((16, 16384, 64), True), ((4, 16, 4096, 64), False)]
-CONFIGS = [(128, 64, 3, 8, True), (64, 64, 2, 4, True)]
+CONFIGS = [(64, 64, 3, 4, "overlap"), (128, 128, 2, 4, "ws")]
 
 
-def parse_config(text: str) -> tuple[int, int, int, int, bool]:
-    """"128,128,2,8" -> (block_m, block_n, stages, num_warps, overlap); a trailing ",plain" turns the overlap off."""
+def parse_config(text: str) -> tuple[int, int, int, int, str]:
+    """"128,128,2,8" -> (block_m, block_n, stages, num_warps, mode); a trailing ",plain" or ",ws" picks the
+    mode (kernels.flash_gluon.MODES; default "overlap")."""
     parts = [x.strip() for x in text.split(",")]
-    overlap = parts[-1] != "plain"
-    sizes = parts if overlap else parts[:-1]
+    mode = parts[-1] if parts[-1] in ("plain", "ws") else "overlap"
+    sizes = parts if mode == "overlap" else parts[:-1]
     if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
         raise argparse.ArgumentTypeError(
-            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally 'plain'")
-    return (*(int(x) for x in sizes), overlap)  # type: ignore[return-value]
+            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally 'plain' or 'ws'")
+    return (*(int(x) for x in sizes), mode)  # type: ignore[return-value]
 
 
-def config_name(cfg: tuple[int, int, int, int, bool]) -> str:
-    return "gluon_" + "x".join(map(str, cfg[:4])) + ("" if cfg[4] else "_plain")
+def config_name(cfg: tuple[int, int, int, int, str]) -> str:
+    return "gluon_" + "x".join(map(str, cfg[:4])) + ("" if cfg[4] == "overlap" else f"_{cfg[4]}")
 
 
 def forward_call(forward, q, k, v, causal: bool, **knobs):
@@ -68,7 +69,8 @@ def row_errors(o, lse, ref_o, ref_lse) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", action="append", type=parse_config, default=None, metavar="BM,BN,STAGES,WARPS[,plain]",
+    ap.add_argument("--config", action="append", type=parse_config, default=None,
+                    metavar="BM,BN,STAGES,WARPS[,plain|,ws]",
                     help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
                     help="a shape (repeatable; 3 numbers: no head axis)")
@@ -96,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
         calls = {"triton": forward_call(flash_triton.flash_attention_forward, q, k, v, causal)}
         for cfg in configs:
-            bm, bn, stages, warps, overlap = cfg
+            bm, bn, stages, warps, mode = cfg
             call = forward_call(flash_gluon.flash_attention_forward, q, k, v, causal, block_m=bm, block_n=bn,
-                                stages=stages, num_warps=warps, head_group=args.head_group, overlap=overlap)
+                                stages=stages, num_warps=warps, head_group=args.head_group, mode=mode)
             try:
                 call()
                 torch.cuda.synchronize()

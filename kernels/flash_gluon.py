@@ -224,9 +224,169 @@ def _fwd_kernel(Q, K, V, O, L,
     tma.store_wait(0)
 
 
-def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2) -> str | None:
-    """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can."""
-    if num_warps not in (4, 8):
+
+# ----------------------------------------------------------------------------------------------
+# warp-specialised: a producer warp and one or two consumer warpgroups
+# ----------------------------------------------------------------------------------------------
+# FA-3's layout of a program: a producer warp issues every copy, and each consumer warpgroup owns
+# WG_ROWS query rows and runs the overlapped loop above on its own, sharing the K and V slots. A slot
+# has a "ready" mbarrier, which the copy engine completes, and an "empty" one, which each consumer
+# arrives at once it is done with the slot's tile (count = CONSUMERS). An arrive is executed by one
+# thread of its partition, so each consumer partition is exactly one warpgroup, whose matmul waits are
+# that whole warpgroup's. The consumers never wait for each other, so one's softmax can run while the
+# other's matmuls do.
+WG_ROWS = 64  # query rows a consumer warpgroup owns: one wgmma's M
+
+
+@gluon.jit
+def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m, n_iter,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The producer: each consumer's Q rows once, then K and V tile by tile, each into its slot once every
+    consumer has released the slot's previous tile (a fresh mbarrier counts its phase "-1" as complete)."""
+    rows: gl.constexpr = q_desc.block_type.shape[0]
+    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [start_m + c * rows, 0], q_bar, q_smem.index(c))
+    for t in range(n_iter):
+        slot = t % STAGES
+        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
+        ready = ready_bars.index(slot)
+        mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [t * BLOCK_N, 0], ready, k_smem.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [t * BLOCK_N, 0], ready, v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, O, stride_om, L, start_m, n_q, n_k, n_iter,
+                 hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, WHICH: gl.constexpr):
+    """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through every key tile, in
+    the overlapped order; O and L to global memory (O, L: this (z, h)'s bases)."""
+    rows: gl.constexpr = q_smem.type.shape[1]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    first_row = start_m + WHICH * rows
+    q_mine = q_smem.index(WHICH)
+    zeros_s = gl.zeros([rows, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(ready_bars.index(0), 0)
+    s = warpgroup_mma(q_mine, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
+    if hi_unmasked <= 0:
+        s = _mask_scores(s, first_row, 0, n_k, IS_CAUSAL, rows, BLOCK_N, s_layout)
+    m_i = gl.max(s, axis=1) * qk_scale
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+    l_i = gl.sum(p, axis=1)
+    acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
+    for t in range(1, n_iter):
+        slot = t % STAGES
+        prev = (t - 1) % STAGES
+        mbarrier.wait(ready_bars.index(slot), (t // STAGES) & 1)
+        s_tok = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale,
+                                             IS_CAUSAL, rows, BLOCK_N, s_layout)
+        acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+        mbarrier.arrive(empty_bars.index(prev), count=1)  # this warpgroup is done with tile t-1's K and V
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    last = (n_iter - 1) % STAGES
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc)
+    mbarrier.arrive(empty_bars.index(last), count=1)
+
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
+    gl.store(L + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < n_q)
+    offs_om = first_row + gl.arange(0, rows, layout=row_o)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
+    gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_om < n_q, 1))
+
+
+@gluon.jit
+def _fwd_ws_kernel(Q, K, V, O, L,
+                   stride_qz, stride_qh, stride_qm,
+                   stride_kz, stride_kh, stride_kn,
+                   stride_vz, stride_vh, stride_vn,
+                   stride_oz, stride_oh, stride_om,
+                   H, n_q, n_k, qk_scale,
+                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    pid_m = gl.program_id(1)
+    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(1) - 1 - pid_m
+    z = pid_zh // H
+    h = pid_zh % H
+    rows: gl.constexpr = 64  # WG_ROWS
+    BLOCK_M: gl.constexpr = CONSUMERS * rows
+    start_m = pid_m * BLOCK_M
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_desc = tma.make_tensor_descriptor(Q + z.to(gl.int64) * stride_qz + h.to(gl.int64) * stride_qh,
+                                        shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[rows, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K + z.to(gl.int64) * stride_kz + h.to(gl.int64) * stride_kh,
+                                        shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + z.to(gl.int64) * stride_vz + h.to(gl.int64) * stride_vh,
+                                        shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, rows, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+
+    # every consumer walks the block's key tiles; hi_unmasked is the block's (a consumer's own first row
+    # need not be a multiple of BLOCK_N), so a consumer may mask a tile it could have left unmasked
+    n_full = (n_k // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = gl.minimum(start_m + BLOCK_M, n_k)
+        hi_unmasked = gl.minimum(start_m, n_full)
+    else:
+        hi = n_k
+        hi_unmasked = n_full
+    n_iter = gl.cdiv(hi, BLOCK_N)
+    o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
+    l_base = L + pid_zh.to(gl.int64) * n_q
+    # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, o_base, stride_om, l_base, start_m,
+                            n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, 0)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, o_base, stride_om, l_base, start_m,
+                            n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, 1)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
+                          n_iter, BLOCK_N, STAGES, CONSUMERS))], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, o_base, stride_om, l_base, start_m,
+                            n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, 0)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
+                          n_iter, BLOCK_N, STAGES, CONSUMERS))], [1], [24])
+
+def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2,
+                 warp_specialized: bool = False) -> str | None:
+    """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can.
+    Warp-specialised: block_m is WG_ROWS per consumer warpgroup (64 or 128 rows), num_warps 4 (each's)."""
+    if warp_specialized:
+        if num_warps != 4 or block_m not in (WG_ROWS, 2 * WG_ROWS):
+            return (f"warp-specialised config {block_m} rows, {num_warps} warps: one or two consumer warpgroups of "
+                    f"{WG_ROWS} rows and 4 warps each ({WG_ROWS} or {2 * WG_ROWS} rows, num_warps 4)")
+    elif num_warps not in (4, 8):
         return f"num_warps {num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
     if block_m % (16 * num_warps) or block_m > 256:
         return f"block_m {block_m}: a multiple of 16 x num_warps ({16 * num_warps}) up to 256"
@@ -253,13 +413,27 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     return None
 
 
+MODES = ("overlap", "plain", "ws")
+# registers a thread: with two consumers the block has 12 warps (the producer's warpgroup counted whole),
+# so 168 each fills the register file (12 x 32 x 168 = 64,512 of 65,536); the producer needs 24, and
+# the consumers take the rest. One consumer: 128, so two programs fit on an SM.
+WS_MAXNREG = {1: 128, 2: 168}
+WS_CONSUMER_REGS = 232
+
+
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                            block_m: int = 128, block_n: int = 128, stages: int = 2, num_warps: int = 8,
-                            head_group: int | None = None, overlap: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                            block_m: int = 64, block_n: int = 64, stages: int = 3, num_warps: int = 4,
+                            head_group: int | None = None, mode: str = "overlap") -> tuple[torch.Tensor, torch.Tensor]:
     """The Gluon forward: (O shaped like q, L shaped q.shape[:-1], fp32), as flash_triton's forward.
-    overlap=False takes the plain order (each tile's S, softmax, P V in turn) instead of FA-3's."""
+
+    mode "overlap" is FA-3's order in each warpgroup of the program, "plain" each tile's S, softmax and
+    P V in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
+    warpgroups)."""
     ft._check_inputs(q, k, v)
-    why = supported(q, k, v) or config_error(q.shape[-1], block_m, block_n, stages, num_warps)
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    why = supported(q, k, v) or config_error(q.shape[-1], block_m, block_n, stages, num_warps,
+                                              warp_specialized=mode == "ws")
     if why:
         raise ValueError(why)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -271,9 +445,14 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     group = ft._head_group(bool(is_causal), Z * H, head_group)
     ft._ensure_scratch_allocator()
     grid = (group, triton.cdiv(n_q, block_m), Z * H // group)
-    _fwd_kernel[grid](q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-                      H, n_q, n_k, qk_scale(d), bool(is_causal), d, block_m, block_n, stages, num_warps, bool(overlap),
-                      num_warps=num_warps)
+    args = (q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
+            H, n_q, n_k, qk_scale(d), bool(is_causal), d)
+    if mode == "ws":
+        consumers = block_m // WG_ROWS
+        _fwd_ws_kernel[grid](*args, block_n, stages, consumers, WS_CONSUMER_REGS, num_warps=4,
+                             maxnreg=WS_MAXNREG[consumers])
+    else:
+        _fwd_kernel[grid](*args, block_m, block_n, stages, num_warps, mode == "overlap", num_warps=num_warps)
     return out, lse
 
 

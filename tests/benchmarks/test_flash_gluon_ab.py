@@ -9,10 +9,12 @@ from benchmarks.flash_gluon_ab import config_name, parse_config, reference, row_
 
 
 def test_configs_parse_and_bad_ones_are_named():
-    assert parse_config("64,64,3,4") == (64, 64, 3, 4, True)
-    assert parse_config("128,64,3,8,plain") == (128, 64, 3, 8, False)
-    assert config_name((64, 64, 3, 4, True)) == "gluon_64x64x3x4"
-    assert config_name((64, 64, 3, 4, False)) == "gluon_64x64x3x4_plain"
+    assert parse_config("64,64,3,4") == (64, 64, 3, 4, "overlap")
+    assert parse_config("128,64,3,8,plain") == (128, 64, 3, 8, "plain")
+    assert parse_config("128,128,2,4,ws") == (128, 128, 2, 4, "ws")
+    assert config_name((64, 64, 3, 4, "overlap")) == "gluon_64x64x3x4"
+    assert config_name((64, 64, 3, 4, "plain")) == "gluon_64x64x3x4_plain"
+    assert config_name((128, 128, 2, 4, "ws")) == "gluon_128x128x2x4_ws"
     for bad in ("64,64,3", "64,64,3,4,fast", "64,0,3,4", "a,b,c,d"):
         with pytest.raises(argparse.ArgumentTypeError, match="BLOCK_M,BLOCK_N,STAGES,WARPS"):
             parse_config(bad)
