@@ -62,6 +62,17 @@ def test_the_gluon_forward_keeps_p_v_in_flight_through_the_softmax(tmp_path, ove
         assert "wait:1" not in loop and loop[0] == "dot:s" and loop[-1] == "dot:acc", loop
 
 
+def test_the_warp_specialised_forward_has_a_loop_per_consumer_and_a_producer_without_matmuls(tmp_path):
+    r = _run("--gluon", "128,128,2,4,ws", "--head-dim", "128", "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_fwd_128_128_2_4_ws_d128.json").read_text())
+    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
+    producers = [loop for loop in report["loops"] if not any(op.startswith("dot:") for op in loop)]
+    assert len(consumers) == 2 and len(producers) == 1, report["loops"]
+    for loop in consumers:  # each consumer warpgroup keeps its own P V in flight through its softmax
+        assert loop[:3] == ["dot:s_tok", "dot:o_tok", "wait:1"], loop
+
+
 def test_a_gluon_config_the_kernel_cannot_run_is_named(tmp_path):
     r = _run("--gluon", "64,128,3,4", "--head-dim", "128", "--out", str(tmp_path / "a"))
     assert r.returncode == 2 and "block_n 128" in r.stderr
@@ -69,4 +80,6 @@ def test_a_gluon_config_the_kernel_cannot_run_is_named(tmp_path):
     assert r.returncode == 2 and "head dim 64 or 128" in r.stderr
     r = _run("--gluon", "64,64,3,4", "--pin", "fwd=128,64,8,3", "--out", str(tmp_path / "c"))
     assert r.returncode == 2 and "not allowed with" in r.stderr
-    assert not any((tmp_path / d).exists() for d in "abc")
+    r = _run("--gluon", "128,128,2,8,ws", "--head-dim", "128", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and "consumer warpgroups" in r.stderr
+    assert not any((tmp_path / d).exists() for d in "abcd")

@@ -27,6 +27,28 @@ def test_bad_configs_are_named(cfg, named):
     assert why is not None and named in why
 
 
+@pytest.mark.parametrize("cfg", [(128, 128, 2, 4), (128, 64, 4, 4), (64, 64, 3, 4)])
+def test_warp_specialised_configs_are_one_or_two_warpgroups_of_64_rows(cfg):
+    assert flash_gluon.config_error(128, *cfg, warp_specialized=True) is None
+
+
+@pytest.mark.parametrize(("cfg", "named"), [
+    ((128, 128, 2, 8), "8 warps"),       # each consumer is one warpgroup of 4 warps
+    ((192, 64, 2, 4), "192 rows"),       # three consumers: the empty barriers count two at most
+    ((64, 128, 2, 4), "block_n 128"),    # the causal diagonal: block_n must divide the rows
+    ((128, 128, 3, 4), "229376 bytes"),  # Q and three 128-key slots at d=128
+])
+def test_bad_warp_specialised_configs_are_named(cfg, named):
+    why = flash_gluon.config_error(128, *cfg, warp_specialized=True)
+    assert why is not None and named in why
+
+
+def test_an_unknown_mode_is_named():
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="mode 'fast'"):
+        flash_gluon.flash_attention_forward(q, q, q, mode="fast")
+
+
 def test_inputs_it_cannot_take_are_named():
     q16 = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     assert "fp16 and bf16" in flash_gluon.supported(q16.float(), q16.float(), q16.float())
