@@ -23,14 +23,15 @@ CONFIGS = [(64, 64, 3, 4, "overlap"), (128, 128, 2, 4, "ws")]
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str]:
-    """"128,128,2,8" -> (block_m, block_n, stages, num_warps, mode); a trailing ",plain" or ",ws" picks the
-    mode (kernels.flash_gluon.MODES; default "overlap")."""
+    """"128,128,2,8" -> (block_m, block_n, stages, num_warps, mode); a trailing ",plain", ",ws" or ",pingpong"
+    picks the mode (kernels.flash_gluon.MODES; default "overlap")."""
     parts = [x.strip() for x in text.split(",")]
-    mode = parts[-1] if parts[-1] in ("plain", "ws") else "overlap"
+    mode = parts[-1] if parts[-1] in ("plain", "ws", "pingpong") else "overlap"
     sizes = parts if mode == "overlap" else parts[:-1]
     if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
         raise argparse.ArgumentTypeError(
-            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally 'plain' or 'ws'")
+            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally a mode: "
+            "'plain', 'ws' or 'pingpong'")
     return (*(int(x) for x in sizes), mode)  # type: ignore[return-value]
 
 
@@ -70,7 +71,7 @@ def row_errors(o, lse, ref_o, ref_lse) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", type=parse_config, default=None,
-                    metavar="BM,BN,STAGES,WARPS[,plain|,ws]",
+                    metavar="BM,BN,STAGES,WARPS[,MODE]",
                     help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
                     help="a shape (repeatable; 3 numbers: no head axis)")

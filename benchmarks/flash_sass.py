@@ -11,7 +11,7 @@ time: does a change keep a matmul in flight, add a barrier, or cost registers?
     python -m benchmarks.flash_sass --pin dkdv=64,64,4,2 --head-dim 128 --tma --causal --out sass
     python -m benchmarks.flash_sass --gluon 64,64,3,4 --head-dim 128 --causal --out sass
 
-`--gluon BM,BN,STAGES,WARPS[,plain|,ws]` compiles the Gluon forward (kernels/flash_gluon.py) instead, in
+`--gluon BM,BN,STAGES,WARPS[,plain|,ws|,pingpong]` compiles the Gluon forward (kernels/flash_gluon.py) instead, in
 benchmarks/flash_gluon_ab.py's config order.
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
@@ -142,15 +142,16 @@ def compile_gluon(args, ap) -> int:
     block_m, block_n, stages, warps, mode = args.gluon
     if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
         ap.error(f"--gluon takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
-    why = flash_gluon.config_error(args.head_dim, block_m, block_n, stages, warps, warp_specialized=mode == "ws")
+    warp_specialized = mode in ("ws", "pingpong")
+    why = flash_gluon.config_error(args.head_dim, block_m, block_n, stages, warps, warp_specialized=warp_specialized)
     if why:
         ap.error(f"--gluon {','.join(map(str, args.gluon[:4]))}: {why}")
     constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, "BLOCK_N": block_n, "STAGES": stages}
     options = {"num_warps": warps}
-    if mode == "ws":  # the launcher's choices (kernels.flash_gluon.flash_attention_forward)
+    if warp_specialized:  # the launcher's choices (kernels.flash_gluon.flash_attention_forward)
         jit_fn = flash_gluon._fwd_ws_kernel
         consumers = block_m // flash_gluon.WG_ROWS
-        constexprs.update(CONSUMERS=consumers, CONSUMER_REGS=flash_gluon.WS_CONSUMER_REGS)
+        constexprs.update(CONSUMERS=consumers, CONSUMER_REGS=flash_gluon.WS_CONSUMER_REGS, PINGPONG=mode == "pingpong")
         options["maxnreg"] = flash_gluon.WS_MAXNREG[consumers]
     else:
         jit_fn = flash_gluon._fwd_kernel
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     which_kernel = ap.add_mutually_exclusive_group(required=True)
     which_kernel.add_argument("--pin", type=parse_pin, metavar="KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]",
                               help="the kernel (fwd, dkdv or dq) and its config")
-    which_kernel.add_argument("--gluon", type=parse_config, metavar="BM,BN,STAGES,WARPS[,plain|,ws]",
+    which_kernel.add_argument("--gluon", type=parse_config, metavar="BM,BN,STAGES,WARPS[,MODE]",
                               help="the Gluon forward and its config")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")

@@ -257,11 +257,27 @@ def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars
 
 
 @gluon.jit
-def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, O, stride_om, L, start_m, n_q, n_k, n_iter,
-                 hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, WHICH: gl.constexpr):
+def _my_turn(turn_bars, rnd, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
+    """Wait until the other consumer has issued its matmuls of round rnd - 1 (consumer 0) or rnd
+    (consumer 1): turn_bars[c] completes a phase each time the other consumer hands over, and a fresh
+    mbarrier counts its phase "-1" as complete, so consumer 0 goes first."""
+    if PINGPONG:
+        mbarrier.wait(turn_bars.index(WHICH), (rnd & 1) ^ (1 - WHICH))
+
+
+@gluon.jit
+def _their_turn(turn_bars, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - WHICH), count=1)
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m, n_q, n_k,
+                 n_iter, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through every key tile, in
-    the overlapped order; O and L to global memory (O, L: this (z, h)'s bases)."""
+    the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
+    consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's."""
     rows: gl.constexpr = q_smem.type.shape[1]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -276,7 +292,9 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, O, strid
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(ready_bars.index(0), 0)
+    _my_turn(turn_bars, 0, WHICH, PINGPONG)
     s = warpgroup_mma(q_mine, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
+    _their_turn(turn_bars, WHICH, PINGPONG)
     if hi_unmasked <= 0:
         s = _mask_scores(s, first_row, 0, n_k, IS_CAUSAL, rows, BLOCK_N, s_layout)
     m_i = gl.max(s, axis=1) * qk_scale
@@ -287,9 +305,11 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, O, strid
         slot = t % STAGES
         prev = (t - 1) % STAGES
         mbarrier.wait(ready_bars.index(slot), (t // STAGES) & 1)
-        s_tok = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
+        _my_turn(turn_bars, t, WHICH, PINGPONG)
+        s_tok = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        _their_turn(turn_bars, WHICH, PINGPONG)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale,
                                              IS_CAUSAL, rows, BLOCK_N, s_layout)
@@ -297,7 +317,10 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, O, strid
         mbarrier.arrive(empty_bars.index(prev), count=1)  # this warpgroup is done with tile t-1's K and V
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     last = (n_iter - 1) % STAGES
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    _my_turn(turn_bars, n_iter, WHICH, PINGPONG)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc)
+    _their_turn(turn_bars, WHICH, PINGPONG)
     mbarrier.arrive(empty_bars.index(last), count=1)
 
     out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
@@ -317,7 +340,8 @@ def _fwd_ws_kernel(Q, K, V, O, L,
                    stride_oz, stride_oh, stride_om,
                    H, n_q, n_k, qk_scale,
                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                   STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   PINGPONG: gl.constexpr):
     pid_m = gl.program_id(1)
     pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
     if IS_CAUSAL:
@@ -345,7 +369,10 @@ def _fwd_ws_kernel(Q, K, V, O, L,
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(turn_bars.index(0), count=1)
+    mbarrier.init(turn_bars.index(1), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
@@ -365,16 +392,19 @@ def _fwd_ws_kernel(Q, K, V, O, L,
     # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, o_base, stride_om, l_base, start_m,
-                            n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, 0)),
-            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, o_base, stride_om, l_base, start_m,
-                            n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, 1)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            STAGES, PINGPONG, 0)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            STAGES, PINGPONG, 1)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, o_base, stride_om, l_base, start_m,
-                            n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, 0)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            STAGES, PINGPONG, 0)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS))], [1], [24])
 
@@ -413,7 +443,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     return None
 
 
-MODES = ("overlap", "plain", "ws")
+MODES = ("overlap", "plain", "ws", "pingpong")
 # registers a thread: with two consumers the block has 12 warps (the producer's warpgroup counted whole),
 # so 168 each fills the register file (12 x 32 x 168 = 64,512 of 65,536); the producer needs 24, and
 # the consumers take the rest. One consumer: 128, so two programs fit on an SM.
@@ -428,12 +458,14 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 
     mode "overlap" is FA-3's order in each warpgroup of the program, "plain" each tile's S, softmax and
     P V in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
-    warpgroups)."""
+    warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls."""
     ft._check_inputs(q, k, v)
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     why = supported(q, k, v) or config_error(q.shape[-1], block_m, block_n, stages, num_warps,
-                                              warp_specialized=mode == "ws")
+                                              warp_specialized=mode in ("ws", "pingpong"))
+    if not why and mode == "pingpong" and block_m != 2 * WG_ROWS:
+        why = f"pingpong takes two consumer warpgroups: block_m {2 * WG_ROWS}, got {block_m}"
     if why:
         raise ValueError(why)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -447,9 +479,9 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     grid = (group, triton.cdiv(n_q, block_m), Z * H // group)
     args = (q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
             H, n_q, n_k, qk_scale(d), bool(is_causal), d)
-    if mode == "ws":
+    if mode in ("ws", "pingpong"):
         consumers = block_m // WG_ROWS
-        _fwd_ws_kernel[grid](*args, block_n, stages, consumers, WS_CONSUMER_REGS, num_warps=4,
+        _fwd_ws_kernel[grid](*args, block_n, stages, consumers, WS_CONSUMER_REGS, mode == "pingpong", num_warps=4,
                              maxnreg=WS_MAXNREG[consumers])
     else:
         _fwd_kernel[grid](*args, block_m, block_n, stages, num_warps, mode == "overlap", num_warps=num_warps)
