@@ -14,8 +14,18 @@ uses that for FlashAttention-3's overlap inside a warpgroup: per key tile t,
     wait for the P V, rescale O by exp2(m_old - m_new)
 
 K and V come through tensor descriptors into a ring of STAGES shared-memory slots, each with an
-mbarrier the copy engine signals; slot t % STAGES is refilled with tile t - 1 + STAGES once both
-warpgroups are done with tile t - 1 (a block barrier: every warpgroup reads every K and V tile).
+mbarrier the copy engine signals. Two kernels run that loop:
+
+  _fwd_kernel     every warp of the program computes; slot t % STAGES is refilled with tile
+                  t - 1 + STAGES once the block is done with tile t - 1 (a block barrier first when
+                  the program has two warpgroups, which both read every tile); OVERLAP=False runs the
+                  plain order instead (S, softmax, P V, each matmul waited for at once)
+  _fwd_ws_kernel  warp-specialised as FA-3 is: a producer warp issues every copy, one or two consumer
+                  warpgroups run the loop on their own and release slots through mbarriers, and
+                  PINGPONG makes the two take turns to issue their matmuls
+
+Measured on the H200 in turns with the Triton forward (docs/results/h200/flash_gluon/README.md): within
+about 10 % of it at d=128, slower at d=64, and short of cuDNN, so the suites do not use this file.
 
 Same contract as kernels/flash_triton.py's forward: (Z, H, n, d) views with their own strides (unit
 stride along d, 16-byte aligned rows), causal aligned top-left, O in the input dtype, L = natural-log
@@ -29,6 +39,7 @@ import math
 import torch
 import triton
 from triton.experimental import gluon
+from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
@@ -44,6 +55,56 @@ HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 # a barrier across the block's warps: thread_barrier in Triton 3.6 (the GPU image), barrier in 3.7
 _block_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@constexpr_function
+def _mma_layout(num_warps, n):
+    """The wgmma accumulator layout of an (M, n) tile: warps stacked along the rows, 16 a warp per
+    instruction, N the whole tile."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _program_tile(H, IS_CAUSAL: gl.constexpr):
+    """(query tile, z*h pair, z, h) of this program: the grid and order of the Triton kernels
+    (kernels.flash_triton._program_ids, (G, tiles, ZH / G)), the heaviest causal tile first."""
+    pid_m = gl.program_id(1)
+    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(1) - 1 - pid_m
+    return pid_m, pid_zh, pid_zh // H, pid_zh % H
+
+
+@gluon.jit
+def _descriptors(Q, K, V, z, h, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+                 stride_vz, stride_vh, stride_vn, n_q, n_k, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr):
+    """Tensor descriptors of this (z, h)'s Q (Q_ROWS-row tiles), K and V (BLOCK_N-row tiles); the copy
+    engine fills rows past n_q or n_k with zeros."""
+    q_desc = tma.make_tensor_descriptor(Q + z.to(gl.int64) * stride_qz + h.to(gl.int64) * stride_qh,
+                                        shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[Q_ROWS, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K + z.to(gl.int64) * stride_kz + h.to(gl.int64) * stride_kh,
+                                        shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + z.to(gl.int64) * stride_vz + h.to(gl.int64) * stride_vh,
+                                        shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    return q_desc, k_desc, v_desc
+
+
+@gluon.jit
+def _key_tiles(start_m, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(n_iter, hi_unmasked): the program visits key tiles [0, n_iter), and those from hi_unmasked on
+    cross the causal diagonal or the ragged end (masked). BLOCK_N divides BLOCK_M and start_m."""
+    n_full = (n_k // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = gl.minimum(start_m + BLOCK_M, n_k)
+        hi_unmasked = gl.minimum(start_m, n_full)
+    else:
+        hi = n_k
+        hi_unmasked = n_full
+    return gl.cdiv(hi, BLOCK_N), hi_unmasked
 
 
 @gluon.jit
@@ -62,13 +123,81 @@ def _mask_scores(s, start_m, start_n, n_k, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.
 def _online_softmax(s, m_i, l_i, start_n, start_m, n_k, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """One key tile's step of the online softmax on raw scores s (masked from hi_unmasked on):
-    returns (P, the rescale exp2(m_old - m_new) of what was summed before, and the new m and l)."""
+    returns (P, the rescale exp2(m_old - m_new) of what was summed before, and the new m and l).
+    m is in log2 units of the scaled scores, as in the Triton forward."""
     if start_n >= hi_unmasked:
         s = _mask_scores(s, start_m, start_n, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _my_turn(turn_bars, rnd, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until the other consumer has issued its matmuls of round rnd - 1 (consumer 0)
+    or rnd (consumer 1). turn_bars[c] completes a phase each time the other consumer hands over, and a
+    fresh mbarrier counts its phase "-1" as complete, so consumer 0 goes first."""
+    if PINGPONG:
+        mbarrier.wait(turn_bars.index(WHICH), (rnd & 1) ^ (1 - WHICH))
+
+
+@gluon.jit
+def _their_turn(turn_bars, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - WHICH), count=1)
+
+
+@gluon.jit
+def _first_tile(q_tile, k_tile, first_row, n_k, hi_unmasked, qk_scale, turn_bars, IS_CAUSAL: gl.constexpr,
+                ROWS: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, WHICH: gl.constexpr,
+                PINGPONG: gl.constexpr):
+    """Key tile 0 of the overlapped loop: its scores, waited for at once, and the softmax state
+    (P, m, l). Causal rows all see key 0, so every row's m is finite from here on."""
+    _my_turn(turn_bars, 0, WHICH, PINGPONG)
+    s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                      use_acc=False)
+    _their_turn(turn_bars, WHICH, PINGPONG)
+    if hi_unmasked <= 0:
+        s = _mask_scores(s, first_row, 0, n_k, IS_CAUSAL, ROWS, BLOCK_N, s_layout)
+    m_i = gl.max(s, axis=1) * qk_scale
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+    return p, m_i, gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
+                     turn_bars, rnd, IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key tile t of the overlapped loop (k_tile = K(t), v_prev = V(t-1), p = P(t-1)): issue S(t) and
+    P(t-1) V(t-1), wait for S(t) alone, run its softmax while the P V finishes, then wait for the P V
+    and rescale. Returns (P(t), O, m, l)."""
+    p_op = gl.convert_layout(p.to(q_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    _my_turn(turn_bars, rnd, WHICH, PINGPONG)
+    s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+    o_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+    _their_turn(turn_bars, WHICH, PINGPONG)
+    s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
+    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
+                                         IS_CAUSAL, ROWS, BLOCK_N, s_layout)
+    acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    return p, acc, m_i, l_i
+
+
+@gluon.jit
+def _pv(p, v_tile, acc, o_layout: gl.constexpr):
+    """O += P V, waited for at once."""
+    p_op = gl.convert_layout(p.to(v_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    return warpgroup_mma(p_op, v_tile, acc)
+
+
+@gluon.jit
+def _finish(acc, m_i, l_i, o_layout: gl.constexpr):
+    """(O = acc / l, L = logsumexp in natural log: (m + log2 l) ln 2)."""
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+    return out, (m_i + gl.log2(l_i)) * 0.6931471805599453
 
 
 @gluon.jit
@@ -97,35 +226,16 @@ def _fwd_kernel(Q, K, V, O, L,
                 H, n_q, n_k, qk_scale,
                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr):
-    # grid and order as the Triton kernels' (_program_ids): (G, tiles, ZH / G), heaviest causal tile first
-    pid_m = gl.program_id(1)
-    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = gl.num_programs(1) - 1 - pid_m
-    z = pid_zh // H
-    h = pid_zh % H
+    pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)
     start_m = pid_m * BLOCK_M
     dtype: gl.constexpr = Q.dtype.element_ty
-
-    # wgmma layouts: warps stacked along the rows (16 a warp per instruction), N = the whole tile
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_layout: gl.constexpr = _mma_layout(NUM_WARPS, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(NUM_WARPS, HEAD_DIM)
     q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-
-    q_desc = tma.make_tensor_descriptor(Q + z.to(gl.int64) * stride_qz + h.to(gl.int64) * stride_qh,
-                                        shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_smem_layout)
-    k_desc = tma.make_tensor_descriptor(K + z.to(gl.int64) * stride_kz + h.to(gl.int64) * stride_kh,
-                                        shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem_layout)
-    v_desc = tma.make_tensor_descriptor(V + z.to(gl.int64) * stride_vz + h.to(gl.int64) * stride_vh,
-                                        shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem_layout)
+    q_desc, k_desc, v_desc = _descriptors(Q, K, V, z, h, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh,
+                                          stride_kn, stride_vz, stride_vh, stride_vn, n_q, n_k, HEAD_DIM, BLOCK_M,
+                                          BLOCK_N, q_smem_layout, kv_smem_layout)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_smem_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem_layout)
@@ -136,16 +246,7 @@ def _fwd_kernel(Q, K, V, O, L,
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-
-    # key tiles [0, n_iter); those from hi_unmasked on cross the diagonal or the ragged end (masked)
-    n_full = (n_k // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = gl.minimum(start_m + BLOCK_M, n_k)
-        hi_unmasked = gl.minimum(start_m, n_full)
-    else:
-        hi = n_k
-        hi_unmasked = n_full
-    n_iter = gl.cdiv(hi, BLOCK_N)
+    n_iter, hi_unmasked = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
 
     # the copy engine starts on Q and the first STAGES key tiles
     kv_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -157,50 +258,38 @@ def _fwd_kernel(Q, K, V, O, L,
         mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_iter)
         tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=i < n_iter)
 
-    zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     if OVERLAP:
-        # tile 0: scores, then the softmax state (m in log2 units of the scaled scores, as the Triton forward)
         mbarrier.wait(k_bars.index(0), 0)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
-        if hi_unmasked <= 0:
-            s = _mask_scores(s, start_m, 0, n_k, IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-        m_i = gl.max(s, axis=1) * qk_scale
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
-        l_i = gl.sum(p, axis=1)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        p, m_i, l_i = _first_tile(q_smem, k_smem.index(0), start_m, n_k, hi_unmasked, qk_scale, k_bars,
+                                  IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout, 0, False)
         for t in range(1, n_iter):
-            slot = t % STAGES
             prev = (t - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+            mbarrier.wait(k_bars.index(t % STAGES), (t // STAGES) & 1)
             mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale,
-                                                 IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-            acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p, acc, m_i, l_i = _overlapped_step(q_smem, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i,
+                                                l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale, k_bars, t,
+                                                IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout, o_layout, 0, False)
             _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev, t - 1 + STAGES, n_iter, kv_bytes,
                     BLOCK_N, NUM_WARPS)
         last = (n_iter - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((n_iter - 1) // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc)
+        acc = _pv(p, v_smem.index(last), acc, o_layout)
     else:
         # the plain order, for comparison: each tile's S, softmax, then P V, every matmul waited at once
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
         for t in range(0, n_iter):
             slot = t % STAGES
             mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False)
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale,
                                                  IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(slot), acc)
+            acc = _pv(p, v_smem.index(slot), acc, o_layout)
             _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, t + STAGES, n_iter, kv_bytes,
                     BLOCK_N, NUM_WARPS)
     mbarrier.invalidate(q_bar)
@@ -208,8 +297,7 @@ def _fwd_kernel(Q, K, V, O, L,
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
 
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log, as the contract says
+    out, lse = _finish(acc, m_i, l_i, o_layout)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     gl.store(L + pid_zh.to(gl.int64) * n_q + offs_m, lse, mask=offs_m < n_q)
     # O through Q's slot (every matmul that read it has finished); the copy engine clips rows past n_q
@@ -224,17 +312,16 @@ def _fwd_kernel(Q, K, V, O, L,
     tma.store_wait(0)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # warp-specialised: a producer warp and one or two consumer warpgroups
 # ----------------------------------------------------------------------------------------------
 # FA-3's layout of a program: a producer warp issues every copy, and each consumer warpgroup owns
-# WG_ROWS query rows and runs the overlapped loop above on its own, sharing the K and V slots. A slot
-# has a "ready" mbarrier, which the copy engine completes, and an "empty" one, which each consumer
-# arrives at once it is done with the slot's tile (count = CONSUMERS). An arrive is executed by one
-# thread of its partition, so each consumer partition is exactly one warpgroup, whose matmul waits are
-# that whole warpgroup's. The consumers never wait for each other, so one's softmax can run while the
-# other's matmuls do.
+# WG_ROWS query rows and runs the overlapped loop on its own, sharing the K and V slots. A slot has a
+# "ready" mbarrier, which the copy engine completes, and an "empty" one, which each consumer arrives
+# at once it is done with the slot's tile (count = CONSUMERS). An arrive is executed by one thread of
+# its partition, so each consumer partition is exactly one warpgroup, whose matmul waits are that
+# whole warpgroup's. The consumers never wait for each other (unless PINGPONG), so one's softmax can
+# run while the other's matmuls do.
 WG_ROWS = 64  # query rows a consumer warpgroup owns: one wgmma's M
 
 
@@ -257,21 +344,6 @@ def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars
 
 
 @gluon.jit
-def _my_turn(turn_bars, rnd, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
-    """Wait until the other consumer has issued its matmuls of round rnd - 1 (consumer 0) or rnd
-    (consumer 1): turn_bars[c] completes a phase each time the other consumer hands over, and a fresh
-    mbarrier counts its phase "-1" as complete, so consumer 0 goes first."""
-    if PINGPONG:
-        mbarrier.wait(turn_bars.index(WHICH), (rnd & 1) ^ (1 - WHICH))
-
-
-@gluon.jit
-def _their_turn(turn_bars, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn_bars.index(1 - WHICH), count=1)
-
-
-@gluon.jit
 def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m, n_q, n_k,
                  n_iter, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, WHICH: gl.constexpr):
@@ -279,57 +351,36 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
     consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's."""
     rows: gl.constexpr = q_smem.type.shape[1]
-    dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     first_row = start_m + WHICH * rows
     q_mine = q_smem.index(WHICH)
-    zeros_s = gl.zeros([rows, BLOCK_N], gl.float32, s_layout)
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(ready_bars.index(0), 0)
-    _my_turn(turn_bars, 0, WHICH, PINGPONG)
-    s = warpgroup_mma(q_mine, k_smem.index(0).permute((1, 0)), zeros_s, use_acc=False)
-    _their_turn(turn_bars, WHICH, PINGPONG)
-    if hi_unmasked <= 0:
-        s = _mask_scores(s, first_row, 0, n_k, IS_CAUSAL, rows, BLOCK_N, s_layout)
-    m_i = gl.max(s, axis=1) * qk_scale
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
-    l_i = gl.sum(p, axis=1)
+    p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
+                              IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
     acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
     for t in range(1, n_iter):
-        slot = t % STAGES
         prev = (t - 1) % STAGES
-        mbarrier.wait(ready_bars.index(slot), (t // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        _my_turn(turn_bars, t, WHICH, PINGPONG)
-        s_tok = warpgroup_mma(q_mine, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        _their_turn(turn_bars, WHICH, PINGPONG)
-        s = warpgroup_mma_wait(1, deps=[s_tok])
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale,
-                                             IS_CAUSAL, rows, BLOCK_N, s_layout)
-        acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+        mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
+        p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
+                                            t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
+                                            IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG)
         mbarrier.arrive(empty_bars.index(prev), count=1)  # this warpgroup is done with tile t-1's K and V
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     last = (n_iter - 1) % STAGES
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
     _my_turn(turn_bars, n_iter, WHICH, PINGPONG)
-    acc = warpgroup_mma(p_op, v_smem.index(last), acc)
+    acc = _pv(p, v_smem.index(last), acc, o_layout)
     _their_turn(turn_bars, WHICH, PINGPONG)
     mbarrier.arrive(empty_bars.index(last), count=1)
 
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    out, lse = _finish(acc, m_i, l_i, o_layout)
     offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
-    gl.store(L + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < n_q)
-    offs_om = first_row + gl.arange(0, rows, layout=row_o)
+    gl.store(L + offs_m, lse, mask=offs_m < n_q)
+    offs_om = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, o_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
-    gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_om < n_q, 1))
+    gl.store(o_ptrs, out.to(q_smem.dtype), mask=gl.expand_dims(offs_om < n_q, 1))
 
 
 @gluon.jit
@@ -342,27 +393,16 @@ def _fwd_ws_kernel(Q, K, V, O, L,
                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                    PINGPONG: gl.constexpr):
-    pid_m = gl.program_id(1)
-    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = gl.num_programs(1) - 1 - pid_m
-    z = pid_zh // H
-    h = pid_zh % H
+    pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)
     rows: gl.constexpr = 64  # WG_ROWS
     BLOCK_M: gl.constexpr = CONSUMERS * rows
     start_m = pid_m * BLOCK_M
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    q_desc = tma.make_tensor_descriptor(Q + z.to(gl.int64) * stride_qz + h.to(gl.int64) * stride_qh,
-                                        shape=[n_q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[rows, HEAD_DIM], layout=q_layout)
-    k_desc = tma.make_tensor_descriptor(K + z.to(gl.int64) * stride_kz + h.to(gl.int64) * stride_kh,
-                                        shape=[n_k, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + z.to(gl.int64) * stride_vz + h.to(gl.int64) * stride_vh,
-                                        shape=[n_k, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_desc, k_desc, v_desc = _descriptors(Q, K, V, z, h, stride_qz, stride_qh, stride_qm, stride_kz, stride_kh,
+                                          stride_kn, stride_vz, stride_vh, stride_vn, n_q, n_k, HEAD_DIM, rows,
+                                          BLOCK_N, q_layout, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, rows, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -379,14 +419,7 @@ def _fwd_ws_kernel(Q, K, V, O, L,
 
     # every consumer walks the block's key tiles; hi_unmasked is the block's (a consumer's own first row
     # need not be a multiple of BLOCK_N), so a consumer may mask a tile it could have left unmasked
-    n_full = (n_k // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = gl.minimum(start_m + BLOCK_M, n_k)
-        hi_unmasked = gl.minimum(start_m, n_full)
-    else:
-        hi = n_k
-        hi_unmasked = n_full
-    n_iter = gl.cdiv(hi, BLOCK_N)
+    n_iter, hi_unmasked = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
     l_base = L + pid_zh.to(gl.int64) * n_q
     # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
@@ -407,6 +440,7 @@ def _fwd_ws_kernel(Q, K, V, O, L,
                             STAGES, PINGPONG, 0)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS))], [1], [24])
+
 
 def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2,
                  warp_specialized: bool = False) -> str | None:
