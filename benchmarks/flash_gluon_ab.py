@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, write_report
+from kernels.names import GLUON_MODES
 
 SHAPES = [((4, 16, 4096, 128), True), ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True),
           ((16, 16384, 64), True), ((4, 16, 4096, 64), False)]
@@ -24,10 +26,11 @@ CONFIGS = [(64, 64, 3, 4, "overlap"), (128, 128, 2, 4, "ws")]
 
 def parse_config(text: str) -> tuple[int, int, int, int, str]:
     """"128,128,2,8" -> (block_m, block_n, stages, num_warps, mode); a trailing ",plain", ",ws" or ",pingpong"
-    picks the mode (kernels.flash_gluon.MODES; default "overlap")."""
+    picks the mode (GLUON_MODES; default, unnamed, "overlap")."""
     parts = [x.strip() for x in text.split(",")]
-    mode = parts[-1] if parts[-1] in ("plain", "ws", "pingpong") else "overlap"
-    sizes = parts if mode == "overlap" else parts[:-1]
+    default = GLUON_MODES[0]
+    mode = parts[-1] if parts[-1] in GLUON_MODES[1:] else default
+    sizes = parts if mode == default else parts[:-1]
     if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
         raise argparse.ArgumentTypeError(
             f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally a mode: "
@@ -82,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
-    from pathlib import Path
-
     import torch
 
     from kernels import flash_gluon, flash_triton
@@ -110,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 cell["failed"][config_name(cfg)] = f"{type(exc).__name__}: {exc}"[:2000]
         q3, k3, v3 = (as_pairs(t) for t in (q, k, v))
         refs = {zh: reference(q3, k3, v3, causal, zh) for zh in (0, q3.shape[0] - 1)}
-        o_tri, l_tri = calls["triton"]()
-        for name, call in calls.items():
-            o, lse = call()
+        outs = {name: call() for name, call in calls.items()}
+        o_tri, l_tri = outs["triton"]
+        for name, (o, lse) in outs.items():
             o3, l3 = as_pairs(o), lse.reshape(-1, lse.shape[-1])
             cell["errors"][name] = {str(zh): row_errors(o3[zh], l3[zh], *ref) for zh, ref in refs.items()}
             if name != "triton":

@@ -142,20 +142,11 @@ def compile_gluon(args, ap) -> int:
     block_m, block_n, stages, warps, mode = args.gluon
     if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
         ap.error(f"--gluon takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
-    warp_specialized = mode in ("ws", "pingpong")
-    why = flash_gluon.config_error(args.head_dim, block_m, block_n, stages, warps, warp_specialized=warp_specialized)
-    if why:
-        ap.error(f"--gluon {','.join(map(str, args.gluon[:4]))}: {why}")
-    constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, "BLOCK_N": block_n, "STAGES": stages}
-    options = {"num_warps": warps}
-    if warp_specialized:  # the launcher's choices (kernels.flash_gluon.flash_attention_forward)
-        jit_fn = flash_gluon._fwd_ws_kernel
-        consumers = block_m // flash_gluon.WG_ROWS
-        constexprs.update(CONSUMERS=consumers, CONSUMER_REGS=flash_gluon.WS_CONSUMER_REGS, PINGPONG=mode == "pingpong")
-        options["maxnreg"] = flash_gluon.WS_MAXNREG[consumers]
-    else:
-        jit_fn = flash_gluon._fwd_kernel
-        constexprs.update(BLOCK_M=block_m, NUM_WARPS=warps, OVERLAP=mode == "overlap")
+    try:  # the launcher's kernel and choices for this config
+        jit_fn, config, options = flash_gluon.launch_spec(args.head_dim, block_m, block_n, stages, warps, mode)
+    except ValueError as exc:
+        ap.error(f"--gluon {','.join(map(str, args.gluon[:4]))}: {exc}")
+    constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, **config}
     sig, attrs = signature(jit_fn, constexprs, args.dtype)
     compiled = triton.compile(GluonASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)

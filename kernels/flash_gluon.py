@@ -50,6 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
+from kernels.names import GLUON_MODES
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -262,6 +263,7 @@ def _fwd_kernel(Q, K, V, O, L,
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     if OVERLAP:
         mbarrier.wait(k_bars.index(0), 0)
+        # (no ping-pong here: k_bars stands in for the turn barriers, which PINGPONG=False never touches)
         p, m_i, l_i = _first_tile(q_smem, k_smem.index(0), start_m, n_k, hi_unmasked, qk_scale, k_bars,
                                   IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout, 0, False)
         for t in range(1, n_iter):
@@ -477,7 +479,6 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     return None
 
 
-MODES = ("overlap", "plain", "ws", "pingpong")
 # registers a thread: with two consumers the block has 12 warps (the producer's warpgroup counted whole),
 # so 168 each fills the register file (12 x 32 x 168 = 64,512 of 65,536); the producer needs 24, and
 # the consumers take the rest. One consumer: 128, so two programs fit on an SM.
@@ -485,23 +486,47 @@ WS_MAXNREG = {1: 128, 2: 168}
 WS_CONSUMER_REGS = 232
 
 
-def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                            block_m: int = 64, block_n: int = 64, stages: int = 3, num_warps: int = 4,
-                            head_group: int | None = None, mode: str = "overlap") -> tuple[torch.Tensor, torch.Tensor]:
-    """The Gluon forward: (O shaped like q, L shaped q.shape[:-1], fp32), as flash_triton's forward.
+def _check_mode(mode: str) -> None:
+    if mode not in GLUON_MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(GLUON_MODES)}")
 
-    mode "overlap" is FA-3's order in each warpgroup of the program, "plain" each tile's S, softmax and
-    P V in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
+
+def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, mode: str):
+    """(kernel, its config's constexprs, launch options) for a config and mode (GLUON_MODES), or
+    ValueError naming what is wrong with them. The launcher and benchmarks/flash_sass.py both use it.
+
+    "overlap" is FA-3's order in each warpgroup of the program, "plain" each tile's S, softmax and P V
+    in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
     warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls."""
-    ft._check_inputs(q, k, v)
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
-    why = supported(q, k, v) or config_error(q.shape[-1], block_m, block_n, stages, num_warps,
-                                              warp_specialized=mode in ("ws", "pingpong"))
+    _check_mode(mode)
+    warp_specialized = mode in ("ws", "pingpong")
+    why = config_error(head_dim, block_m, block_n, stages, num_warps, warp_specialized=warp_specialized)
     if not why and mode == "pingpong" and block_m != 2 * WG_ROWS:
         why = f"pingpong takes two consumer warpgroups: block_m {2 * WG_ROWS}, got {block_m}"
     if why:
         raise ValueError(why)
+    if warp_specialized:
+        consumers = block_m // WG_ROWS
+        return (_fwd_ws_kernel,
+                dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS,
+                     PINGPONG=mode == "pingpong"),
+                {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
+    return (_fwd_kernel,
+            dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps, OVERLAP=mode == "overlap"),
+            {"num_warps": num_warps})
+
+
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                            block_m: int = 64, block_n: int = 64, stages: int = 3, num_warps: int = 4,
+                            head_group: int | None = None, mode: str = "overlap") -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gluon forward: (O shaped like q, L shaped q.shape[:-1], fp32), as flash_triton's forward, at a
+    config and mode (launch_spec)."""
+    ft._check_inputs(q, k, v)
+    _check_mode(mode)
+    why = supported(q, k, v)
+    if why:
+        raise ValueError(why)
+    kernel, config, options = launch_spec(q.shape[-1], block_m, block_n, stages, num_warps, mode)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4 = ft._as_zhnd(q), ft._as_zhnd(k), ft._as_zhnd(v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -511,14 +536,8 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     group = ft._head_group(bool(is_causal), Z * H, head_group)
     ft._ensure_scratch_allocator()
     grid = (group, triton.cdiv(n_q, block_m), Z * H // group)
-    args = (q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-            H, n_q, n_k, qk_scale(d), bool(is_causal), d)
-    if mode in ("ws", "pingpong"):
-        consumers = block_m // WG_ROWS
-        _fwd_ws_kernel[grid](*args, block_n, stages, consumers, WS_CONSUMER_REGS, mode == "pingpong", num_warps=4,
-                             maxnreg=WS_MAXNREG[consumers])
-    else:
-        _fwd_kernel[grid](*args, block_m, block_n, stages, num_warps, mode == "overlap", num_warps=num_warps)
+    kernel[grid](q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
+                 H, n_q, n_k, qk_scale(d), IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
     return out, lse
 
 

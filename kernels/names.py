@@ -13,6 +13,8 @@ MODEL_ATTENTION_IMPLS = ("naive", "sdpa", "flash_triton", "flash_pytorch")
 
 # the Triton FlashAttention-2 kernels, by the names launch options and the tuning tools use
 FLASH_KERNELS = ("fwd", "dkdv", "dq")
+# the Gluon forward's modes (kernels.flash_gluon), the default first
+GLUON_MODES = ("overlap", "plain", "ws", "pingpong")
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 
