@@ -1,0 +1,178 @@
+"""The Gluon dK/dV kernel (kernels/flash_gluon_bwd.py) beside the Triton one, in turns, on the same inputs.
+
+Per shape: the Triton backward runs once to make its launch plan, whose two kernels (dQ, which also
+writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after another in one process
+(CUDA events, warm-up excluded):
+
+  triton_dkdv    the Triton dK/dV kernel alone (autotuned, the shipped options)
+  gluon_<cfg>    each Gluon config alone, on the same L and Delta
+  triton_bwd     the whole Triton backward (dQ + dK/dV)
+  hybrid_<cfg>   the Triton dQ kernel followed by that Gluon config: what the backward would be with it
+  sdpa_<b>       an SDPA backend's backward (--sdpa), for scale
+
+Accuracy: each dK and dV on the first and last (z, h) pair against float64 autograd, the largest error
+of any key row (a wrong ragged row cannot hide in it), and the largest difference from Triton's.
+A config that fails to compile or run is recorded with its error and the run goes on.
+
+    python -m benchmarks.flash_gluon_bwd_ab --config 64,64,2,4 --config 64,64,3,4,defer \\
+        --shape 16,16384,64,causal --sdpa cudnn --out gluon_bwd_ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, write_report
+
+SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
+          ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
+          ((1, 4, 4097, 64), False)]
+ORDERS = ("overlap", "defer", "plain")  # kernels.flash_gluon_bwd.ORDERS (not imported: it needs Gluon)
+CONFIGS = [(64, 64, 2, 4, "overlap"), (32, 64, 2, 4, "overlap")]
+
+
+def parse_config(text: str) -> tuple[int, int, int, int, str]:
+    """"64,64,3,4,defer" -> (block_m, block_n, stages, num_warps, order); the order (ORDERS) is optional,
+    "overlap" when left out."""
+    parts = [x.strip() for x in text.split(",")]
+    order = parts[-1] if parts[-1] in ORDERS else ORDERS[0]
+    sizes = parts[:-1] if parts[-1] in ORDERS else parts
+    if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
+        raise argparse.ArgumentTypeError(
+            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally an order: "
+            f"{', '.join(ORDERS)}")
+    return (*(int(x) for x in sizes), order)  # type: ignore[return-value]
+
+
+def config_name(cfg: tuple[int, int, int, int, str]) -> str:
+    return "x".join(map(str, cfg[:4])) + ("" if cfg[4] == ORDERS[0] else f"_{cfg[4]}")
+
+
+def reference_grads(q, k, v, do, causal: bool):
+    """float64 (dK, dV) of one (n, d) head by autograd."""
+    import torch
+
+    qs, ks, vs = (t.double().requires_grad_() for t in (q, k, v))
+    s = qs @ ks.T / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.softmax(s, dim=-1) @ vs
+    dk, dv = torch.autograd.grad(o, (ks, vs), do.double())
+    return dk, dv
+
+
+def key_row_errors(dk, dv, ref_dk, ref_dv) -> dict:
+    """The largest error of any key row of dK and of dV (max over d), against the reference."""
+    err_k = (dk.double() - ref_dk).abs().amax(dim=-1)
+    err_v = (dv.double() - ref_dv).abs().amax(dim=-1)
+    return {"dk_row_max": err_k.max().item(), "dv_row_max": err_v.max().item(),
+            "dk_row_median": err_k.median().item(), "dv_row_median": err_v.median().item()}
+
+
+def triton_plan_kernels(flash_triton):
+    """(dQ, dK/dV) kernel plans of the one backward planned since the table was cleared."""
+    plans = [plan for key, plan in flash_triton._PLANS.items() if key[0] == "bwd"]
+    if len(plans) != 1 or not hasattr(plans[0], "kernels"):
+        raise RuntimeError(f"expected one planned Triton backward, found {len(plans)}")
+    return plans[0].kernels
+
+
+def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, args) -> dict:
+    """One shape's cell: every call's errors and CUDA-event times (module docstring)."""
+    import torch
+
+    from kernels import flash_gluon_bwd, flash_triton
+    from worker.harness import measure
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
+    o, lse = flash_triton.flash_attention_forward(q, k, v, causal)
+    flash_triton.clear_launch_plans()
+    flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)
+    flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)  # planned, after autotuning
+    dq_plan, dkdv_plan = triton_plan_kernels(flash_triton)
+    dq = torch.empty_like(q)
+    dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
+    dq_plan(q, k, v, o, do, lse, delta, dq)  # Delta, as the backward computes it
+    bwd = flash_triton._PLANS[next(key for key in flash_triton._PLANS if key[0] == "bwd")]
+    calls = {"triton_dkdv": lambda: dkdv_plan(q, k, v, do, lse, delta, dk_t, dv_t),
+             "triton_bwd": lambda: bwd(q, k, v, o, lse, do)}
+    outs = {"triton_dkdv": None}
+    for cfg in configs:
+        bm, bn, stages, warps, order = cfg
+        name = config_name(cfg)
+
+        def call(bm=bm, bn=bn, stages=stages, warps=warps, order=order):
+            return flash_gluon_bwd.dkdv(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
+                                        num_warps=warps, order=order)
+        try:
+            outs[f"gluon_{name}"] = call()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a failed config is a result: record it, time the rest
+            cell["failed"][f"gluon_{name}"] = f"{type(exc).__name__}: {exc}"[:2000]
+            continue
+        calls[f"gluon_{name}"] = call
+        if not args.no_hybrid:
+            calls[f"hybrid_{name}"] = lambda call=call: (dq_plan(q, k, v, o, do, lse, delta, dq), call())
+    calls["triton_dkdv"]()
+    outs["triton_dkdv"] = (dk_t.clone(), dv_t.clone())
+    pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
+    for zh in (0, pairs[0].shape[0] - 1):
+        ref = reference_grads(*(t[zh] for t in pairs), causal)
+        for name, (dk, dv) in outs.items():
+            dk3, dv3 = (t.reshape(-1, t.shape[-2], t.shape[-1]) for t in (dk, dv))
+            cell["errors"].setdefault(name, {})[str(zh)] = key_row_errors(dk3[zh], dv3[zh], *ref)
+        del ref
+    for name, (dk, dv) in outs.items():
+        if name != "triton_dkdv":
+            cell["errors"][name]["dk_max_diff_vs_triton"] = (dk.float() - dk_t.float()).abs().max().item()
+            cell["errors"][name]["dv_max_diff_vs_triton"] = (dv.float() - dv_t.float()).abs().max().item()
+    for backend in args.sdpa:
+        calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
+    ms: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
+    cell["ms"] = ms
+    best = {name: min(xs) for name, xs in ms.items()}
+    cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items() if n.startswith("gluon_")}
+    cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items() if n.startswith("hybrid_")}
+    for backend in args.sdpa:
+        cell[f"bwd_speedup_vs_sdpa_{backend}"] = {
+            n: best[f"sdpa_{backend}"] / t for n, t in best.items() if n.startswith(("hybrid_", "triton_bwd"))}
+    print(shape, causal, {n: round(t, 4) for n, t in best.items()}, flush=True)
+    return cell
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", type=parse_config, default=None, metavar="BM,BN,STAGES,WARPS[,ORDER]",
+                    help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
+    ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
+                    help="a shape (repeatable; 3 numbers: no head axis)")
+    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
+    ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default=None)
+    args = ap.parse_args(argv)
+    from kernels import flash_triton
+    from worker.harness import fingerprint
+
+    out = Path(args.out)
+    configs = args.config or CONFIGS
+    report = {"kind": "flash_gluon_bwd_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
+              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "cells": []}
+    for shape, causal in args.shape or SHAPES:
+        record_cell(report, measure_shape(shape, causal, configs, args), out)
+    report["triton_autotuned"] = flash_triton.autotuned_configs()
+    write_report(report, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

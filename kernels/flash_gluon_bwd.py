@@ -1,0 +1,312 @@
+"""The dK/dV half of FlashAttention-2's backward in Gluon for Hopper (sm_90): an experiment beside
+kernels/flash_triton.py's _bwd_dkdv_kernel, with the same inputs and outputs.
+
+Why. In Triton 3.6 a dK/dV program waits for each score matmul before it can do anything else: S^T
+and dP^T are issued one after the other, each waited for at once, so the exp2 of P^T and the product
+dS^T = P^T (dP^T - Delta) never run while the tensor cores work (docs/results/h200/flash_tuning.md,
+steps 17 and 22). Gluon leaves the matmul waits to the kernel. Per query tile t of a key tile:
+
+    issue  S^T  = K Q(t)^T                     (async wgmma, both operands in shared memory)
+    issue  dP^T = V dO(t)^T - Delta(t)         (async; the accumulator starts at -Delta)
+    wait until only dP^T is in flight          -> S^T (and dK's matmul of tile t-1 has finished)
+    P^T = exp2(S^T * scale - L(t))             (CUDA cores, while dP^T runs)
+    issue  dV += P^T dO(t)                     (async, P^T from registers)
+    wait until only dV is in flight            -> dP^T
+    dS^T = P^T * dP^T                          (CUDA cores, while dV runs)
+    issue  dK += dS^T Q(t)                     (async)
+    wait for dV and dK; refill tile t's slot
+
+K and V are loaded once; Q and dO stream through a ring of STAGES shared-memory slots filled by the
+copy engine (tensor descriptors). An async matmul's result cannot be carried from one iteration to
+the next in Gluon (its type differs from a tensor's), so each step ends with every matmul done. The
+"defer" order (ORDERS) gets around that: tile t's dK matmul is issued at step t+1, behind S^T and
+dP^T, so it runs while the warps compute P^T; the slot it reads is refilled one step later, so it
+needs three slots. "plain" issues and waits for each matmul in turn, for comparison.
+
+Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
+along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
+Delta = rowsum(O * dO), both fp32 (Z*H, n_q); dK, dV in the input dtype. 16-bit inputs, d 64 or 128,
+on sm_90 only; Gluon has no interpreter, so CPU tests compile it for sm_90
+(tests/kernels/test_flash_gluon_bwd.py) and only a GPU runs it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from kernels import flash_triton as ft
+from kernels.flash_gluon import DTYPES, HEAD_DIMS, _block_barrier, _mma_layout
+
+# loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
+# matmul of tile t issued behind tile t+1's S^T and dP^T, "plain" each matmul waited for at once
+ORDERS = ("overlap", "defer", "plain")
+
+
+@gluon.jit
+def _row_stats(l_base, delta_base, start_m, n_q, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
+    """L * log2(e) and Delta of query rows [start_m, start_m + BLOCK_M), laid out along S^T's columns.
+    Rows past n_q get L = +inf (their P is exactly 0) and Delta = 0."""
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    lse = gl.load(l_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+    delta = gl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
+    return lse * 1.4426950408889634, delta
+
+
+@gluon.jit
+def _probabilities(st, lse2, start_m, start_n, qk_scale, diagonal, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, st_layout: gl.constexpr):
+    """P^T = exp2(S^T * scale - L log2 e); on a causal `diagonal` tile, 0 where key start_n + j is
+    right of query start_m + i."""
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    if IS_CAUSAL:
+        if diagonal:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+            pt = gl.where(gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0), pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, tile, lo, n_iter, BLOCK_M: gl.constexpr,
+              NUM_WARPS: gl.constexpr):
+    """Start the copy of query tile `tile` (if there is one) into `slot`, whose tile the block has used
+    (a block barrier first when two warpgroups share the slot)."""
+    if NUM_WARPS > 4:
+        _block_barrier()
+    bar = bars.index(slot)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=tile < n_iter)
+    tma.async_copy_global_to_shared(q_desc, [lo + tile * BLOCK_M, 0], bar, q_smem.index(slot), pred=tile < n_iter)
+    tma.async_copy_global_to_shared(do_desc, [lo + tile * BLOCK_M, 0], bar, do_smem.index(slot), pred=tile < n_iter)
+
+
+@gluon.jit
+def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
+                 stride_qz, stride_qh, stride_qm,
+                 stride_kz, stride_kh, stride_kn,
+                 stride_vz, stride_vh, stride_vn,
+                 stride_doz, stride_doh, stride_dom,
+                 stride_dkz, stride_dkh, stride_dkn,
+                 stride_dvz, stride_dvh, stride_dvn,
+                 H, n_q, n_k, sm_scale, qk_scale,
+                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr):
+    # the Triton kernels' grid (G, tiles, ZH / G); causal key tile 0 sees the most queries
+    pid_n = gl.program_id(1)
+    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    z = pid_zh // H
+    h = pid_zh % H
+    start_n = pid_n * BLOCK_N
+    dtype: gl.constexpr = Q.dtype.element_ty
+    st_layout: gl.constexpr = _mma_layout(NUM_WARPS, BLOCK_M)    # S^T, dP^T: (BLOCK_N, BLOCK_M)
+    acc_layout: gl.constexpr = _mma_layout(NUM_WARPS, HEAD_DIM)  # dK, dV: (BLOCK_N, HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    z64 = z.to(gl.int64)
+    h64 = h.to(gl.int64)
+    q_desc = tma.make_tensor_descriptor(Q + z64 * stride_qz + h64 * stride_qh, shape=[n_q, HEAD_DIM],
+                                        strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    do_desc = tma.make_tensor_descriptor(DO + z64 * stride_doz + h64 * stride_doh, shape=[n_q, HEAD_DIM],
+                                         strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K + z64 * stride_kz + h64 * stride_kh, shape=[n_k, HEAD_DIM],
+                                        strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + z64 * stride_vz + h64 * stride_vh, shape=[n_k, HEAD_DIM],
+                                        strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    # query tiles [lo, n_q): causal queries before start_n see none of these keys, and the first
+    # BLOCK_N / BLOCK_M tiles from there cross the diagonal (BLOCK_M divides BLOCK_N)
+    if IS_CAUSAL:
+        lo = start_n
+    else:
+        lo = 0
+    n_iter = gl.cdiv(gl.maximum(n_q - lo, 0), BLOCK_M)
+    n_masked = BLOCK_N // BLOCK_M
+
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [start_n, 0], kv_bar, v_smem)
+    for i in gl.static_range(STAGES):
+        bar = bars.index(i)
+        mbarrier.expect(bar, 2 * q_desc.block_type.nbytes, pred=i < n_iter)
+        tma.async_copy_global_to_shared(q_desc, [lo + i * BLOCK_M, 0], bar, q_smem.index(i), pred=i < n_iter)
+        tma.async_copy_global_to_shared(do_desc, [lo + i * BLOCK_M, 0], bar, do_smem.index(i), pred=i < n_iter)
+
+    l_base = L + pid_zh.to(gl.int64) * n_q
+    delta_base = Delta + pid_zh.to(gl.int64) * n_q
+    lse2, delta = _row_stats(l_base, delta_base, lo, n_q, BLOCK_M, st_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    ds_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, op_layout)  # ORDER 1: dS^T of the tile before
+    prev = 0  # ORDER 1: the slot of the tile before (tile 0's at first, where dS^T = 0 adds nothing)
+    mbarrier.wait(kv_bar, 0)
+    for t in range(n_iter):
+        slot = t % STAGES
+        start_m = lo + t * BLOCK_M
+        q_t = q_smem.index(slot)
+        do_t = do_smem.index(slot)
+        mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+        zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        minus_delta = zeros - gl.expand_dims(delta, 0)
+        if ORDER == 0:
+            st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
+            lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+            st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T done; dP^T may still run
+            pt = _probabilities(st, lse2, start_m, start_n, qk_scale, t < n_masked, IS_CAUSAL,
+                                BLOCK_M, BLOCK_N, st_layout)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T done; dV may still run
+            ds_op = gl.convert_layout((pt * dpt).to(dtype), op_layout)
+            dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+            dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+            _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
+        elif ORDER == 1:
+            # dK's matmul of the tile before is issued behind this tile's S^T and dP^T, so it runs
+            # while the warps compute P^T; its Q slot is refilled once it is done (hence 3+ slots)
+            st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
+            dk_tok = warpgroup_mma(ds_op, q_smem.index(prev), dk, is_async=True)
+            lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+            st = warpgroup_mma_wait(2, deps=[st_tok])  # S^T done; dP^T and dK may still run
+            pt = _probabilities(st, lse2, start_m, start_n, qk_scale, t < n_masked, IS_CAUSAL,
+                                BLOCK_M, BLOCK_N, st_layout)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+            dpt = warpgroup_mma_wait(2, deps=[dpt_tok])  # dP^T done; dK and dV may still run
+            ds_next = gl.convert_layout((pt * dpt).to(dtype), op_layout)
+            dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+            if t > 0:
+                _refill_q(q_desc, do_desc, q_smem, do_smem, bars, prev, t - 1 + STAGES, lo, n_iter, BLOCK_M,
+                          NUM_WARPS)
+            ds_op = ds_next
+            prev = slot
+        else:
+            # the plain order, for comparison: each matmul waited for at once
+            lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+            st = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False)
+            pt = _probabilities(st, lse2, start_m, start_n, qk_scale, t < n_masked, IS_CAUSAL,
+                                BLOCK_M, BLOCK_N, st_layout)
+            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_t, dv)
+            dpt = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta)
+            dk = warpgroup_mma(gl.convert_layout((pt * dpt).to(dtype), op_layout), q_t, dk)
+            _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
+        lse2 = lse2_next
+        delta = delta_next
+    if ORDER == 1:
+        if n_iter > 0:  # the last tile's dK
+            dk = warpgroup_mma(ds_op, q_smem.index(prev), dk)
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    # dK, dV through K's and V's slots (every matmul that read them has finished); the copy engine
+    # clips rows past n_k
+    dk_desc = tma.make_tensor_descriptor(DK + z64 * stride_dkz + h64 * stride_dkh, shape=[n_k, HEAD_DIM],
+                                         strides=[stride_dkn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    dv_desc = tma.make_tensor_descriptor(DV + z64 * stride_dvz + h64 * stride_dvh, shape=[n_k, HEAD_DIM],
+                                         strides=[stride_dvn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    _block_barrier()
+    k_smem.store((dk * sm_scale).to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    _block_barrier()
+    tma.async_copy_shared_to_global(dk_desc, [start_n, 0], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [start_n, 0], v_smem)
+    tma.store_wait(0)
+
+
+def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2) -> str | None:
+    """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can.
+    block_n key rows a program (16 a warp), block_m query rows a step."""
+    if num_warps not in (4, 8):
+        return f"num_warps {num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
+    if block_n % (16 * num_warps) or block_n > 256:
+        return f"block_n {block_n}: a multiple of 16 x num_warps ({16 * num_warps}) up to 256"
+    if block_m not in (16, 32, 64, 128) or block_n % block_m:
+        return f"block_m {block_m}: 16, 32, 64 or 128, dividing block_n {block_n}"
+    if stages < 2:
+        return f"stages {stages}: at least 2 (a slot is refilled only after its tile is used)"
+    smem = (2 * block_n + 2 * stages * block_m) * head_dim * elem
+    if smem > ft.SMEM_BUDGET:
+        return f"{smem} bytes of shared memory for K, V and {stages} Q/dO slots, over {ft.SMEM_BUDGET}"
+    return None
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
+    """Why this kernel cannot take (q, k, v, dO), or None if it can (after flash_triton's own input checks)."""
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype}: the Gluon dK/dV kernel takes fp16 and bf16"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: the Gluon dK/dV kernel takes {', '.join(map(str, HEAD_DIMS))}"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "the Gluon dK/dV kernel runs on sm_90 (Hopper) only"
+    if not all(ft._tma_ready(ft._as_zhnd(t)) for t in (q, k, v, do)):
+        return "q, k, v and dO need unit stride along d and 16-byte aligned rows (tensor descriptors)"
+    return None
+
+
+def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, order: str = "overlap"):
+    """(kernel, its config's constexprs, launch options) for a config and loop order (ORDERS), or
+    ValueError naming what is wrong with them."""
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}: one of {', '.join(ORDERS)}")
+    why = config_error(head_dim, block_m, block_n, stages, num_warps)
+    if not why and order == "defer" and stages < 3:
+        why = f"stages {stages}: the deferred order keeps the tile before in its slot, so it needs at least 3"
+    if why:
+        raise ValueError(why)
+    return (_dkdv_kernel, dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps,
+                               ORDER=ORDERS.index(order)), {"num_warps": num_warps})
+
+
+def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, block_m: int = 64, block_n: int = 64, stages: int = 2,
+         num_warps: int = 4, head_group: int | None = None, order: str = "overlap"
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dK, dV) shaped and typed like k and v, from q, k, v, dO, the forward's L and Delta = rowsum(O * dO)
+    (both fp32, q.shape[:-1]), at a config (launch_spec)."""
+    ft._check_inputs(q, k, v)
+    if do.shape != q.shape or do.dtype != q.dtype:
+        raise ValueError(f"dO {tuple(do.shape)} {do.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.shape != q.shape[:-1] or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} {tuple(t.shape)} {t.dtype}: want contiguous fp32 of shape {tuple(q.shape[:-1])}")
+    why = supported(q, k, v, do)
+    if why:
+        raise ValueError(why)
+    kernel, config, options = launch_spec(q.shape[-1], block_m, block_n, stages, num_warps, order)
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dk4, dv4 = dk.view(k4.shape), dv.view(v4.shape)
+    Z, H = q4.shape[0], q4.shape[1]
+    group = ft._head_group(bool(is_causal), Z * H, head_group)
+    ft._ensure_scratch_allocator()
+    grid = (group, triton.cdiv(n_k, block_n), Z * H // group)
+    sm_scale = 1.0 / math.sqrt(d)
+    kernel[grid](q4, k4, v4, do4, lse, delta, dk4, dv4, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
+                 *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], H, n_q, n_k, sm_scale, sm_scale * ft.LOG2E,
+                 IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
+    return dk, dv
