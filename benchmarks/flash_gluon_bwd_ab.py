@@ -14,7 +14,7 @@ Accuracy: each dK and dV on the first and last (z, h) pair against float64 autog
 of any key row (a wrong ragged row cannot hide in it), and the largest difference from Triton's.
 A config that fails to compile or run is recorded with its error and the run goes on.
 
-    python -m benchmarks.flash_gluon_bwd_ab --config 64,64,2,4 --config 64,64,3,4,defer \\
+    python -m benchmarks.flash_gluon_bwd_ab --config 64,64,2,4 --config 64,64,3,4,defer,r168 \\
         --shape 16,16384,64,causal --sdpa cudnn --out gluon_bwd_ab.json
 """
 from __future__ import annotations
@@ -29,24 +29,28 @@ SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 12
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
           ((1, 4, 4097, 64), False)]
 ORDERS = ("overlap", "defer", "plain")  # kernels.flash_gluon_bwd.ORDERS (not imported: it needs Gluon)
-CONFIGS = [(64, 64, 2, 4, "overlap"), (32, 64, 2, 4, "overlap")]
+CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
 
 
-def parse_config(text: str) -> tuple[int, int, int, int, str]:
-    """"64,64,3,4,defer" -> (block_m, block_n, stages, num_warps, order); the order (ORDERS) is optional,
-    "overlap" when left out."""
+def parse_config(text: str) -> tuple[int, int, int, int, str, int | None]:
+    """"64,64,3,4,defer,r168" -> (block_m, block_n, stages, num_warps, order, maxnreg); the order (ORDERS,
+    "overlap" when left out) and the register cap rN (none when left out) are optional, in that order."""
     parts = [x.strip() for x in text.split(",")]
-    order = parts[-1] if parts[-1] in ORDERS else ORDERS[0]
-    sizes = parts[:-1] if parts[-1] in ORDERS else parts
+    maxnreg = None
+    if parts and parts[-1].startswith("r") and parts[-1][1:].isdigit():
+        maxnreg = int(parts.pop()[1:])
+    order = parts[-1] if parts and parts[-1] in ORDERS else ORDERS[0]
+    sizes = parts[:-1] if parts and parts[-1] in ORDERS else parts
     if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
         raise argparse.ArgumentTypeError(
-            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally an order: "
-            f"{', '.join(ORDERS)}")
-    return (*(int(x) for x in sizes), order)  # type: ignore[return-value]
+            f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally an order "
+            f"({', '.join(ORDERS)}) and a register cap rN")
+    return (*(int(x) for x in sizes), order, maxnreg)  # type: ignore[return-value]
 
 
-def config_name(cfg: tuple[int, int, int, int, str]) -> str:
-    return "x".join(map(str, cfg[:4])) + ("" if cfg[4] == ORDERS[0] else f"_{cfg[4]}")
+def config_name(cfg: tuple) -> str:
+    return ("x".join(map(str, cfg[:4])) + ("" if cfg[4] == ORDERS[0] else f"_{cfg[4]}")
+            + ("" if cfg[5] is None else f"_r{cfg[5]}"))
 
 
 def reference_grads(q, k, v, do, causal: bool):
@@ -102,12 +106,12 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, args) -> 
              "triton_bwd": lambda: bwd(q, k, v, o, lse, do)}
     outs = {"triton_dkdv": None}
     for cfg in configs:
-        bm, bn, stages, warps, order = cfg
+        bm, bn, stages, warps, order, maxnreg = cfg
         name = config_name(cfg)
 
-        def call(bm=bm, bn=bn, stages=stages, warps=warps, order=order):
+        def call(bm=bm, bn=bn, stages=stages, warps=warps, order=order, maxnreg=maxnreg):
             return flash_gluon_bwd.dkdv(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
-                                        num_warps=warps, order=order)
+                                        num_warps=warps, order=order, maxnreg=maxnreg)
         try:
             outs[f"gluon_{name}"] = call()
             torch.cuda.synchronize()
@@ -149,7 +153,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, args) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", action="append", type=parse_config, default=None, metavar="BM,BN,STAGES,WARPS[,ORDER]",
+    ap.add_argument("--config", action="append", type=parse_config, default=None,
+                    metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
                     help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
                     help="a shape (repeatable; 3 numbers: no head axis)")

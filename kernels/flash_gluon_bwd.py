@@ -64,16 +64,15 @@ def _row_stats(l_base, delta_base, start_m, n_q, BLOCK_M: gl.constexpr, st_layou
 
 
 @gluon.jit
-def _probabilities(st, lse2, start_m, start_n, qk_scale, diagonal, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+def _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, st_layout: gl.constexpr):
-    """P^T = exp2(S^T * scale - L log2 e); on a causal `diagonal` tile, 0 where key start_n + j is
-    right of query start_m + i."""
+    """P^T = exp2(S^T * scale - L log2 e); on a causal diagonal tile (MASKED), 0 where key start_n + j
+    is right of query start_m + i."""
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-    if IS_CAUSAL:
-        if diagonal:
-            offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
-            pt = gl.where(gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0), pt, 0.0)
+    if MASKED:
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        pt = gl.where(gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0), pt, 0.0)
     return pt
 
 
@@ -88,6 +87,68 @@ def _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, tile, lo, n_iter, BL
     mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=tile < n_iter)
     tma.async_copy_global_to_shared(q_desc, [lo + tile * BLOCK_M, 0], bar, q_smem.index(slot), pred=tile < n_iter)
     tma.async_copy_global_to_shared(do_desc, [lo + tile * BLOCK_M, 0], bar, do_smem.index(slot), pred=tile < n_iter)
+
+
+@gluon.jit
+def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
+          delta_base, lo, n_q, n_iter, start_n, qk_scale, MASKED: gl.constexpr, ORDER: gl.constexpr,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+          st_layout: gl.constexpr, op_layout: gl.constexpr):
+    """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
+    ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta)."""
+    dtype: gl.constexpr = k_smem.dtype
+    slot = t % STAGES
+    start_m = lo + t * BLOCK_M
+    q_t = q_smem.index(slot)
+    do_t = do_smem.index(slot)
+    mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+    zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    minus_delta = zeros - gl.expand_dims(delta, 0)
+    if ORDER == 0:
+        st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
+        lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T done; dP^T may still run
+        pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
+                            BLOCK_N, st_layout)
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T done; dV may still run
+        ds_op = gl.convert_layout((pt * dpt).to(dtype), op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+        dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+        _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
+    elif ORDER == 1:
+        # dK's matmul of the tile before is issued behind this tile's S^T and dP^T, so it runs
+        # while the warps compute P^T; its Q slot is refilled once it is done (hence 3+ slots)
+        st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
+        dk_tok = warpgroup_mma(ds_op, q_smem.index(prev), dk, is_async=True)
+        lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+        st = warpgroup_mma_wait(2, deps=[st_tok])  # S^T done; dP^T and dK may still run
+        pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
+                            BLOCK_N, st_layout)
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+        dpt = warpgroup_mma_wait(2, deps=[dpt_tok])  # dP^T done; dK and dV may still run
+        ds_next = gl.convert_layout((pt * dpt).to(dtype), op_layout)
+        dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+        if t > 0:
+            _refill_q(q_desc, do_desc, q_smem, do_smem, bars, prev, t - 1 + STAGES, lo, n_iter, BLOCK_M,
+                      NUM_WARPS)
+        ds_op = ds_next
+        prev = slot
+    else:
+        # the plain order, for comparison: each matmul waited for at once
+        lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+        st = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False)
+        pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
+                            BLOCK_N, st_layout)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_t, dv)
+        dpt = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta)
+        dk = warpgroup_mma(gl.convert_layout((pt * dpt).to(dtype), op_layout), q_t, dk)
+        _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
+    return dk, dv, ds_op, prev, lse2_next, delta_next
 
 
 @gluon.jit
@@ -141,7 +202,6 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     else:
         lo = 0
     n_iter = gl.cdiv(gl.maximum(n_q - lo, 0), BLOCK_M)
-    n_masked = BLOCK_N // BLOCK_M
 
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_bar, k_smem)
@@ -160,60 +220,21 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     ds_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, op_layout)  # ORDER 1: dS^T of the tile before
     prev = 0  # ORDER 1: the slot of the tile before (tile 0's at first, where dS^T = 0 adds nothing)
     mbarrier.wait(kv_bar, 0)
-    for t in range(n_iter):
-        slot = t % STAGES
-        start_m = lo + t * BLOCK_M
-        q_t = q_smem.index(slot)
-        do_t = do_smem.index(slot)
-        mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
-        zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        minus_delta = zeros - gl.expand_dims(delta, 0)
-        if ORDER == 0:
-            st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
-            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
-            lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
-            st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T done; dP^T may still run
-            pt = _probabilities(st, lse2, start_m, start_n, qk_scale, t < n_masked, IS_CAUSAL,
-                                BLOCK_M, BLOCK_N, st_layout)
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
-            dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T done; dV may still run
-            ds_op = gl.convert_layout((pt * dpt).to(dtype), op_layout)
-            dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-            dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
-            _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
-        elif ORDER == 1:
-            # dK's matmul of the tile before is issued behind this tile's S^T and dP^T, so it runs
-            # while the warps compute P^T; its Q slot is refilled once it is done (hence 3+ slots)
-            st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
-            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
-            dk_tok = warpgroup_mma(ds_op, q_smem.index(prev), dk, is_async=True)
-            lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
-            st = warpgroup_mma_wait(2, deps=[st_tok])  # S^T done; dP^T and dK may still run
-            pt = _probabilities(st, lse2, start_m, start_n, qk_scale, t < n_masked, IS_CAUSAL,
-                                BLOCK_M, BLOCK_N, st_layout)
-            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
-            dpt = warpgroup_mma_wait(2, deps=[dpt_tok])  # dP^T done; dK and dV may still run
-            ds_next = gl.convert_layout((pt * dpt).to(dtype), op_layout)
-            dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
-            if t > 0:
-                _refill_q(q_desc, do_desc, q_smem, do_smem, bars, prev, t - 1 + STAGES, lo, n_iter, BLOCK_M,
-                          NUM_WARPS)
-            ds_op = ds_next
-            prev = slot
-        else:
-            # the plain order, for comparison: each matmul waited for at once
-            lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
-            st = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False)
-            pt = _probabilities(st, lse2, start_m, start_n, qk_scale, t < n_masked, IS_CAUSAL,
-                                BLOCK_M, BLOCK_N, st_layout)
-            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_t, dv)
-            dpt = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta)
-            dk = warpgroup_mma(gl.convert_layout((pt * dpt).to(dtype), op_layout), q_t, dk)
-            _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
-        lse2 = lse2_next
-        delta = delta_next
+    # the diagonal tiles apart, so the unmasked loop carries no mask
+    if IS_CAUSAL:
+        n_diag = gl.minimum(n_iter, BLOCK_N // BLOCK_M)
+    else:
+        n_diag = 0
+    for t in range(0, n_diag):
+        dk, dv, ds_op, prev, lse2, delta = _step(
+            t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
+            delta_base, lo, n_q, n_iter, start_n, qk_scale, True, ORDER, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS,
+            st_layout, op_layout)
+    for t in range(n_diag, n_iter):
+        dk, dv, ds_op, prev, lse2, delta = _step(
+            t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
+            delta_base, lo, n_q, n_iter, start_n, qk_scale, False, ORDER, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS,
+            st_layout, op_layout)
     if ORDER == 1:
         if n_iter > 0:  # the last tile's dK
             dk = warpgroup_mma(ds_op, q_smem.index(prev), dk)
@@ -267,22 +288,27 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
     return None
 
 
-def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, order: str = "overlap"):
+def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, order: str = "overlap",
+                maxnreg: int | None = None):
     """(kernel, its config's constexprs, launch options) for a config and loop order (ORDERS), or
-    ValueError naming what is wrong with them."""
+    ValueError naming what is wrong with them. `maxnreg` caps the registers a thread (more programs an
+    SM; ptxas spills past it)."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r}: one of {', '.join(ORDERS)}")
     why = config_error(head_dim, block_m, block_n, stages, num_warps)
     if not why and order == "defer" and stages < 3:
         why = f"stages {stages}: the deferred order keeps the tile before in its slot, so it needs at least 3"
+    if not why and maxnreg is not None and not 24 <= maxnreg <= 255:
+        why = f"maxnreg {maxnreg}: 24 to 255 registers a thread"
     if why:
         raise ValueError(why)
+    options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
     return (_dkdv_kernel, dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps,
-                               ORDER=ORDERS.index(order)), {"num_warps": num_warps})
+                               ORDER=ORDERS.index(order)), options)
 
 
 def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, block_m: int = 64, block_n: int = 64, stages: int = 2,
-         num_warps: int = 4, head_group: int | None = None, order: str = "overlap"
+         num_warps: int = 4, head_group: int | None = None, order: str = "overlap", maxnreg: int | None = None
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dK, dV) shaped and typed like k and v, from q, k, v, dO, the forward's L and Delta = rowsum(O * dO)
     (both fp32, q.shape[:-1]), at a config (launch_spec)."""
@@ -295,7 +321,7 @@ def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, block_m: int = 64, bl
     why = supported(q, k, v, do)
     if why:
         raise ValueError(why)
-    kernel, config, options = launch_spec(q.shape[-1], block_m, block_n, stages, num_warps, order)
+    kernel, config, options = launch_spec(q.shape[-1], block_m, block_n, stages, num_warps, order, maxnreg)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
