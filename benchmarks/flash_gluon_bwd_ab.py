@@ -1,21 +1,24 @@
-"""The Gluon dK/dV kernel (kernels/flash_gluon_bwd.py) beside the Triton one, in turns, on the same inputs.
+"""The Gluon backward kernels (kernels/flash_gluon_bwd.py) beside the Triton ones, in turns, on the same inputs.
 
 Per shape: the Triton backward runs once to make its launch plan, whose two kernels (dQ, which also
 writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after another in one process
 (CUDA events, warm-up excluded):
 
-  triton_dkdv    the Triton dK/dV kernel alone (autotuned, the shipped options)
-  gluon_<cfg>    each Gluon config alone, on the same L and Delta
-  triton_bwd     the whole Triton backward (dQ + dK/dV)
-  hybrid_<cfg>   the Triton dQ kernel followed by that Gluon config: what the backward would be with it
-  sdpa_<b>       an SDPA backend's backward (--sdpa), for scale
+  triton_dkdv, triton_dq    the Triton kernels alone (autotuned, the shipped options)
+  gluon_<cfg>               each Gluon dK/dV config (--config) alone, on the same L and Delta
+  gluon_dq_<cfg>            each Gluon dQ config (--dq-config) alone (it writes Delta too)
+  triton_bwd                the whole Triton backward (dQ + dK/dV)
+  hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
+  gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
+  sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
-Accuracy: each dK and dV on the first and last (z, h) pair against float64 autograd, the largest error
-of any key row (a wrong ragged row cannot hide in it), and the largest difference from Triton's.
-A config that fails to compile or run is recorded with its error and the run goes on.
+Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
+dQ, dK and dV on the first and last (z, h) pair against float64 autograd: the largest error of any
+row (a wrong ragged row cannot hide in it); and the largest difference from Triton's over the whole
+tensor (Delta's too). A config that fails to compile or run is recorded with its error and the run goes on.
 
     python -m benchmarks.flash_gluon_bwd_ab --config 64,64,2,4 --config 64,64,3,4,defer,r168 \\
-        --shape 16,16384,64,causal --sdpa cudnn --out gluon_bwd_ab.json
+        --dq-config 64,64,2,4 --shape 16,16384,64,causal --sdpa cudnn --out gluon_bwd_ab.json
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 12
           ((1, 4, 4097, 64), False)]
 ORDERS = ("overlap", "defer", "plain")  # kernels.flash_gluon_bwd.ORDERS (not imported: it needs Gluon)
 CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
+DQ_CONFIGS = [(64, 64, 2, 4, "overlap", None)]
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str, int | None]:
@@ -54,7 +58,7 @@ def config_name(cfg: tuple) -> str:
 
 
 def reference_grads(q, k, v, do, causal: bool):
-    """float64 (dK, dV) of one (n, d) head by autograd."""
+    """float64 (dQ, dK, dV) of one (n, d) head by autograd."""
     import torch
 
     qs, ks, vs = (t.double().requires_grad_() for t in (q, k, v))
@@ -62,16 +66,18 @@ def reference_grads(q, k, v, do, causal: bool):
     if causal:
         s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
     o = torch.softmax(s, dim=-1) @ vs
-    dk, dv = torch.autograd.grad(o, (ks, vs), do.double())
-    return dk, dv
+    return torch.autograd.grad(o, (qs, ks, vs), do.double())
 
 
-def key_row_errors(dk, dv, ref_dk, ref_dv) -> dict:
-    """The largest error of any key row of dK and of dV (max over d), against the reference."""
-    err_k = (dk.double() - ref_dk).abs().amax(dim=-1)
-    err_v = (dv.double() - ref_dv).abs().amax(dim=-1)
-    return {"dk_row_max": err_k.max().item(), "dv_row_max": err_v.max().item(),
-            "dk_row_median": err_k.median().item(), "dv_row_median": err_v.median().item()}
+def row_errors(grads: dict, refs: dict) -> dict:
+    """Per gradient (dq, dk, dv): the largest and the median error of any row (max over d), against the
+    reference. A NaN (a row never written) makes the largest NaN."""
+    out = {}
+    for name, g in grads.items():
+        err = (g.double() - refs[name]).abs().amax(dim=-1)
+        out[f"{name}_row_max"] = err.max().item()
+        out[f"{name}_row_median"] = err.median().item()
+    return out
 
 
 def triton_plan_kernels(flash_triton):
@@ -82,11 +88,12 @@ def triton_plan_kernels(flash_triton):
     return plans[0].kernels
 
 
-def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, args) -> dict:
+def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_configs: list, args) -> dict:
     """One shape's cell: every call's errors and CUDA-event times (module docstring)."""
     import torch
 
-    from kernels import flash_gluon_bwd, flash_triton
+    from kernels import flash_gluon_bwd as gb
+    from kernels import flash_triton
     from worker.harness import measure
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -97,43 +104,58 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, args) -> 
     flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)
     flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)  # planned, after autotuning
     dq_plan, dkdv_plan = triton_plan_kernels(flash_triton)
-    dq = torch.empty_like(q)
-    dk_t, dv_t = torch.empty_like(k), torch.empty_like(v)
-    delta = torch.empty_like(lse)
-    dq_plan(q, k, v, o, do, lse, delta, dq)  # Delta, as the backward computes it
     bwd = flash_triton._PLANS[next(key for key in flash_triton._PLANS if key[0] == "bwd")]
+    dq_t, dk_t, dv_t, delta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)
     calls = {"triton_dkdv": lambda: dkdv_plan(q, k, v, do, lse, delta, dk_t, dv_t),
+             "triton_dq": lambda: dq_plan(q, k, v, o, do, lse, delta, dq_t),
              "triton_bwd": lambda: bwd(q, k, v, o, lse, do)}
-    outs = {"triton_dkdv": None}
-    for cfg in configs:
-        bm, bn, stages, warps, order, maxnreg = cfg
-        name = config_name(cfg)
-
-        def call(bm=bm, bn=bn, stages=stages, warps=warps, order=order, maxnreg=maxnreg):
-            return flash_gluon_bwd.dkdv(q, k, v, do, lse, delta, causal, block_m=bm, block_n=bn, stages=stages,
-                                        num_warps=warps, order=order, maxnreg=maxnreg)
-        try:
-            outs[f"gluon_{name}"] = call()
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - a failed config is a result: record it, time the rest
-            cell["failed"][f"gluon_{name}"] = f"{type(exc).__name__}: {exc}"[:2000]
-            continue
-        calls[f"gluon_{name}"] = call
-        if not args.no_hybrid:
-            calls[f"hybrid_{name}"] = lambda call=call: (dq_plan(q, k, v, o, do, lse, delta, dq), call())
+    calls["triton_dq"]()  # Delta, as the Triton backward computes it, for every dK/dV kernel below
     calls["triton_dkdv"]()
-    outs["triton_dkdv"] = (dk_t.clone(), dv_t.clone())
+    outs = {"triton": {"dq": dq_t, "dk": dk_t, "dv": dv_t, "delta": delta}}
+
+    def nan(t):
+        return torch.full_like(t, float("nan"))
+
+    def try_first(name, first):
+        """Run a config once into NaN-filled outputs; a failure is recorded. True if it ran."""
+        try:
+            outs[name] = first()
+            torch.cuda.synchronize()
+            return True
+        except Exception as exc:  # noqa: BLE001 - a failed config is a result: record it, time the rest
+            cell["failed"][name] = f"{type(exc).__name__}: {exc}"[:2000]
+            return False
+
+    dkdv_cfgs = [gb.Config(*c) for c in configs]
+    for cfg in dkdv_cfgs:
+        name = f"gluon_{config_name(cfg)}"
+        dk, dv = nan(k), nan(v)
+        if try_first(name, lambda cfg=cfg, dk=dk, dv=dv: dict(zip(
+                ("dk", "dv"), gb.dkdv(q, k, v, do, lse, delta, causal, cfg, out=(dk, dv)), strict=True))):
+            calls[name] = lambda cfg=cfg, dk=dk, dv=dv: gb.dkdv(q, k, v, do, lse, delta, causal, cfg, out=(dk, dv))
+            if not args.no_hybrid:
+                calls[f"hybrid_{config_name(cfg)}"] = lambda call=calls[name]: (calls["triton_dq"](), call())
+    for cfg in (gb.Config(*c) for c in dq_configs):
+        name = f"gluon_dq_{config_name(cfg)}"
+        dq, dl = nan(q), nan(lse)
+        if try_first(name, lambda cfg=cfg, dq=dq, dl=dl: dict(zip(
+                ("dq", "delta"), gb.dq(q, k, v, o, do, lse, causal, cfg, out=(dq, dl)), strict=True))):
+            calls[name] = lambda cfg=cfg, dq=dq, dl=dl: gb.dq(q, k, v, o, do, lse, causal, cfg, out=(dq, dl))
+            if dkdv_cfgs and not args.no_hybrid:
+                calls[f"gluon_bwd_{config_name(cfg)}"] = lambda cfg=cfg: gb.flash_attention_backward(
+                    q, k, v, o, lse, do, causal, cfg, dkdv_cfgs[0])
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
-        ref = reference_grads(*(t[zh] for t in pairs), causal)
-        for name, (dk, dv) in outs.items():
-            dk3, dv3 = (t.reshape(-1, t.shape[-2], t.shape[-1]) for t in (dk, dv))
-            cell["errors"].setdefault(name, {})[str(zh)] = key_row_errors(dk3[zh], dv3[zh], *ref)
+        ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))
+        for name, grads in outs.items():
+            mine = {g: t.reshape(-1, t.shape[-2], t.shape[-1])[zh] for g, t in grads.items() if g != "delta"}
+            cell["errors"].setdefault(name, {})[str(zh)] = row_errors(mine, ref)
         del ref
-    for name, (dk, dv) in outs.items():
-        if name != "triton_dkdv":
-            cell["errors"][name]["dk_max_diff_vs_triton"] = (dk.float() - dk_t.float()).abs().max().item()
-            cell["errors"][name]["dv_max_diff_vs_triton"] = (dv.float() - dv_t.float()).abs().max().item()
+    for name, grads in outs.items():
+        if name != "triton":
+            for g, t in grads.items():
+                diff = (t.float() - outs["triton"][g].float()).abs().max().item()
+                cell["errors"][name][f"{g}_max_diff_vs_triton"] = diff
     for backend in args.sdpa:
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
     ms: dict[str, list[float]] = {name: [] for name in calls}
@@ -142,12 +164,17 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, args) -> 
             ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
     cell["ms"] = ms
     best = {name: min(xs) for name, xs in ms.items()}
-    cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items() if n.startswith("gluon_")}
-    cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items() if n.startswith("hybrid_")}
+    cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
+                                      if n.startswith("gluon_") and not n.startswith(("gluon_dq_", "gluon_bwd_"))}
+    cell["dq_speedup_vs_triton"] = {n: best["triton_dq"] / t for n, t in best.items() if n.startswith("gluon_dq_")}
+    cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items()
+                                     if n.startswith(("hybrid_", "gluon_bwd_"))}
     for backend in args.sdpa:
-        cell[f"bwd_speedup_vs_sdpa_{backend}"] = {
-            n: best[f"sdpa_{backend}"] / t for n, t in best.items() if n.startswith(("hybrid_", "triton_bwd"))}
+        cell[f"bwd_speedup_vs_sdpa_{backend}"] = {n: best[f"sdpa_{backend}"] / t for n, t in best.items()
+                                                  if n.startswith(("hybrid_", "gluon_bwd_", "triton_bwd"))}
     print(shape, causal, {n: round(t, 4) for n, t in best.items()}, flush=True)
+    print("  errors:", {n: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in e.items()
+                            if "diff" in kk} for n, e in cell["errors"].items()}, flush=True)
     return cell
 
 
@@ -156,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", action="append", type=parse_config, default=None,
                     metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
                     help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
+    ap.add_argument("--dq-config", action="append", type=parse_config, default=None,
+                    metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
+                    help=f"a Gluon dQ config (repeatable; default {' '.join(map(config_name, DQ_CONFIGS))})")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
                     help="a shape (repeatable; 3 numbers: no head axis)")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
@@ -171,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     configs = args.config or CONFIGS
     report = {"kind": "flash_gluon_bwd_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
+              "dq_configs": [list(c) for c in args.dq_config or DQ_CONFIGS],
               "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "cells": []}
     for shape, causal in args.shape or SHAPES:
-        record_cell(report, measure_shape(shape, causal, configs, args), out)
+        record_cell(report, measure_shape(shape, causal, configs, args.dq_config or DQ_CONFIGS, args), out)
     report["triton_autotuned"] = flash_triton.autotuned_configs()
     write_report(report, out)
     return 0

@@ -32,6 +32,7 @@ on sm_90 only; Gluon has no interpreter, so CPU tests compile it for sm_90
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -46,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.flash_gluon import DTYPES, HEAD_DIMS, _block_barrier, _mma_layout
+from kernels.flash_gluon import DTYPES, HEAD_DIMS, _block_barrier, _key_tiles, _mma_layout, _program_tile, _refill
 
 # loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
 # matmul of tile t issued behind tile t+1's S^T and dP^T, "plain" each matmul waited for at once
@@ -258,81 +259,277 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     tma.store_wait(0)
 
 
-def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2) -> str | None:
-    """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can.
-    block_n key rows a program (16 a warp), block_m query rows a step."""
-    if num_warps not in (4, 8):
-        return f"num_warps {num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
-    if block_n % (16 * num_warps) or block_n > 256:
-        return f"block_n {block_n}: a multiple of 16 x num_warps ({16 * num_warps}) up to 256"
-    if block_m not in (16, 32, 64, 128) or block_n % block_m:
-        return f"block_m {block_m}: 16, 32, 64 or 128, dividing block_n {block_n}"
-    if stages < 2:
-        return f"stages {stages}: at least 2 (a slot is refilled only after its tile is used)"
-    smem = (2 * block_n + 2 * stages * block_m) * head_dim * elem
+# ----------------------------------------------------------------------------------------------
+# dQ (and Delta): a query tile against every key tile it sees
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m, n_k, n_iter,
+             qk_scale, MASKED: gl.constexpr, OVERLAP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
+    """Key tile t of this query tile: S = Q K^T, dP = dO V^T - Delta (both issued at once when OVERLAP,
+    P computed while dP runs), dS = P dP, dQ += dS K; then the slot is refilled with tile t + STAGES.
+    Keys past n_k need no mask: their K rows are zeros, so they add nothing to dQ."""
+    dtype: gl.constexpr = q_smem.dtype
+    slot = t % STAGES
+    k_t = k_smem.index(slot)
+    v_t = v_smem.index(slot)
+    mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
+    mbarrier.wait(v_bars.index(slot), (t // STAGES) & 1)
+    zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    minus_delta = zeros - gl.expand_dims(delta, 1)
+    if OVERLAP:
+        s_tok = warpgroup_mma(q_smem, k_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_smem, v_t.permute((1, 0)), minus_delta, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])  # S done; dP may still run
+    else:
+        s = warpgroup_mma(q_smem, k_t.permute((1, 0)), zeros, use_acc=False)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+    if MASKED:  # causal: key start_n + j is seen by query start_m + i only when j <= i
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        offs_n = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        p = gl.where(gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1), p, 0.0)
+    if OVERLAP:
+        dp = warpgroup_mma_wait(0, deps=[dp_tok])
+    else:
+        dp = warpgroup_mma(do_smem, v_t.permute((1, 0)), minus_delta)
+    dq = warpgroup_mma(gl.convert_layout((p * dp).to(dtype), op_layout), k_t, dq)
+    _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, t + STAGES, n_iter, k_desc.block_type.nbytes,
+            BLOCK_N, NUM_WARPS)
+    return dq
+
+
+@gluon.jit
+def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
+               stride_qz, stride_qh, stride_qm,
+               stride_kz, stride_kh, stride_kn,
+               stride_vz, stride_vh, stride_vn,
+               stride_oz, stride_oh, stride_om,
+               stride_doz, stride_doh, stride_dom,
+               stride_dqz, stride_dqh, stride_dqm,
+               H, n_q, n_k, sm_scale, qk_scale,
+               IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr):
+    pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)  # causal: the heaviest query tiles first
+    start_m = pid_m * BLOCK_M
+    dtype: gl.constexpr = Q.dtype.element_ty
+    s_layout: gl.constexpr = _mma_layout(NUM_WARPS, BLOCK_N)   # S, dP: (BLOCK_M, BLOCK_N)
+    acc_layout: gl.constexpr = _mma_layout(NUM_WARPS, HEAD_DIM)  # dQ: (BLOCK_M, HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    z64 = z.to(gl.int64)
+    h64 = h.to(gl.int64)
+    q_desc = tma.make_tensor_descriptor(Q + z64 * stride_qz + h64 * stride_qh, shape=[n_q, HEAD_DIM],
+                                        strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    do_desc = tma.make_tensor_descriptor(DO + z64 * stride_doz + h64 * stride_doh, shape=[n_q, HEAD_DIM],
+                                         strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K + z64 * stride_kz + h64 * stride_kh, shape=[n_k, HEAD_DIM],
+                                        strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + z64 * stride_vz + h64 * stride_vh, shape=[n_k, HEAD_DIM],
+                                        strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    n_iter, hi_unmasked = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [start_m, 0], q_bar, do_smem)
+    kv_bytes: gl.constexpr = k_desc.block_type.nbytes
+    for i in gl.static_range(STAGES):
+        mbarrier.expect(k_bars.index(i), kv_bytes, pred=i < n_iter)
+        tma.async_copy_global_to_shared(k_desc, [i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i), pred=i < n_iter)
+        mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_iter)
+        tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=i < n_iter)
+
+    # Delta = rowsum(O * dO) of this tile's rows, for this kernel and the dK/dV kernel after it
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    row_ok = offs_m < n_q
+    o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    offs_om = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = O + z64 * stride_oz + h64 * stride_oh + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) \
+        + gl.expand_dims(offs_d, 0)
+    do_ptrs = DO + z64 * stride_doz + h64 * stride_doh + gl.expand_dims(offs_om.to(gl.int64) * stride_dom, 1) \
+        + gl.expand_dims(offs_d, 0)
+    o_mask = gl.expand_dims(offs_om < n_q, 1)
+    o = gl.load(o_ptrs, mask=o_mask, other=0.0).to(gl.float32)
+    do = gl.load(do_ptrs, mask=o_mask, other=0.0).to(gl.float32)
+    delta = gl.convert_layout(gl.sum(o * do, axis=1), gl.SliceLayout(1, s_layout))
+    gl.store(Delta + pid_zh.to(gl.int64) * n_q + offs_m, delta, mask=row_ok)
+    lse2 = gl.load(L + pid_zh.to(gl.int64) * n_q + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(q_bar, 0)
+    n_unmasked = hi_unmasked // BLOCK_N
+    for t in range(0, n_unmasked):
+        dq = _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
+                      n_k, n_iter, qk_scale, False, OVERLAP, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, s_layout, op_layout)
+    for t in range(n_unmasked, n_iter):
+        dq = _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
+                      n_k, n_iter, qk_scale, IS_CAUSAL, OVERLAP, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, s_layout,
+                      op_layout)
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    # dQ through Q's slot (every matmul that read it has finished); the copy engine clips rows past n_q
+    dq_desc = tma.make_tensor_descriptor(DQ + z64 * stride_dqz + h64 * stride_dqh, shape=[n_q, HEAD_DIM],
+                                         strides=[stride_dqm, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    _block_barrier()
+    q_smem.store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    _block_barrier()
+    tma.async_copy_shared_to_global(dq_desc, [start_m, 0], q_smem)
+    tma.store_wait(0)
+
+
+class Config(NamedTuple):
+    """A tile config of either kernel. dK/dV: block_n key rows a program (16 a warp), block_m query rows
+    a step, stages Q/dO slots. dQ: block_m query rows a program, block_n key rows a step, stages K/V
+    slots. order: one of ORDERS ("defer" is dK/dV's only); maxnreg caps the registers a thread."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    num_warps: int
+    order: str = "overlap"
+    maxnreg: int | None = None
+
+
+KERNELS = ("dkdv", "dq")
+
+
+def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str | None:
+    """Why `cfg` cannot run in `kernel` (KERNELS) at this head dim, or None if it can."""
+    rows, step = (cfg.block_n, cfg.block_m) if kernel == "dkdv" else (cfg.block_m, cfg.block_n)
+    rows_name, step_name = ("block_n", "block_m") if kernel == "dkdv" else ("block_m", "block_n")
+    if cfg.order not in ORDERS or (kernel == "dq" and cfg.order == "defer"):
+        return f"order {cfg.order!r}: one of {', '.join(o for o in ORDERS if kernel == 'dkdv' or o != 'defer')}"
+    if cfg.num_warps not in (4, 8):
+        return f"num_warps {cfg.num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
+    if rows % (16 * cfg.num_warps) or rows > 256:
+        return f"{rows_name} {rows}: a multiple of 16 x num_warps ({16 * cfg.num_warps}) up to 256"
+    if step not in (16, 32, 64, 128) or rows % step:
+        return f"{step_name} {step}: 16, 32, 64 or 128, dividing {rows_name} {rows}"
+    if cfg.stages < 2 + (cfg.order == "defer"):
+        return (f"stages {cfg.stages}: at least 2 (a slot is refilled only after its tile is used), 3 in the "
+                "deferred order (which keeps the tile before in its slot)")
+    if cfg.maxnreg is not None and not 24 <= cfg.maxnreg <= 255:
+        return f"maxnreg {cfg.maxnreg}: 24 to 255 registers a thread"
+    smem = (2 * rows + 2 * cfg.stages * step) * head_dim * elem
     if smem > ft.SMEM_BUDGET:
-        return f"{smem} bytes of shared memory for K, V and {stages} Q/dO slots, over {ft.SMEM_BUDGET}"
+        return f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots, over {ft.SMEM_BUDGET}"
     return None
 
 
+def launch_spec(kernel: str, head_dim: int, cfg: Config):
+    """(kernel, its config's constexprs, launch options) for `kernel` (KERNELS) at `cfg`, or ValueError
+    naming what is wrong with them."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel {kernel!r}: one of {', '.join(KERNELS)}")
+    why = config_error(kernel, head_dim, cfg)
+    if why:
+        raise ValueError(why)
+    options = {"num_warps": cfg.num_warps}
+    if cfg.maxnreg is not None:
+        options["maxnreg"] = cfg.maxnreg
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, NUM_WARPS=cfg.num_warps)
+    if kernel == "dkdv":
+        return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(cfg.order)}, options
+    return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
-    """Why this kernel cannot take (q, k, v, dO), or None if it can (after flash_triton's own input checks)."""
+    """Why these kernels cannot take (q, k, v, dO), or None if they can (after flash_triton's own input checks)."""
     if q.dtype not in DTYPES:
-        return f"dtype {q.dtype}: the Gluon dK/dV kernel takes fp16 and bf16"
+        return f"dtype {q.dtype}: the Gluon backward takes fp16 and bf16"
     if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim {q.shape[-1]}: the Gluon dK/dV kernel takes {', '.join(map(str, HEAD_DIMS))}"
+        return f"head dim {q.shape[-1]}: the Gluon backward takes {', '.join(map(str, HEAD_DIMS))}"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "the Gluon dK/dV kernel runs on sm_90 (Hopper) only"
+        return "the Gluon backward runs on sm_90 (Hopper) only"
     if not all(ft._tma_ready(ft._as_zhnd(t)) for t in (q, k, v, do)):
         return "q, k, v and dO need unit stride along d and 16-byte aligned rows (tensor descriptors)"
     return None
 
 
-def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, order: str = "overlap",
-                maxnreg: int | None = None):
-    """(kernel, its config's constexprs, launch options) for a config and loop order (ORDERS), or
-    ValueError naming what is wrong with them. `maxnreg` caps the registers a thread (more programs an
-    SM; ptxas spills past it)."""
-    if order not in ORDERS:
-        raise ValueError(f"order {order!r}: one of {', '.join(ORDERS)}")
-    why = config_error(head_dim, block_m, block_n, stages, num_warps)
-    if not why and order == "defer" and stages < 3:
-        why = f"stages {stages}: the deferred order keeps the tile before in its slot, so it needs at least 3"
-    if not why and maxnreg is not None and not 24 <= maxnreg <= 255:
-        why = f"maxnreg {maxnreg}: 24 to 255 registers a thread"
-    if why:
-        raise ValueError(why)
-    options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
-    return (_dkdv_kernel, dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps,
-                               ORDER=ORDERS.index(order)), options)
-
-
-def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, block_m: int = 64, block_n: int = 64, stages: int = 2,
-         num_warps: int = 4, head_group: int | None = None, order: str = "overlap", maxnreg: int | None = None
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dK, dV) shaped and typed like k and v, from q, k, v, dO, the forward's L and Delta = rowsum(O * dO)
-    (both fp32, q.shape[:-1]), at a config (launch_spec)."""
+def _check(q, k, v, do, row_stats: dict) -> None:
     ft._check_inputs(q, k, v)
     if do.shape != q.shape or do.dtype != q.dtype:
         raise ValueError(f"dO {tuple(do.shape)} {do.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
-    for name, t in (("lse", lse), ("delta", delta)):
+    for name, t in row_stats.items():
         if t.shape != q.shape[:-1] or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name} {tuple(t.shape)} {t.dtype}: want contiguous fp32 of shape {tuple(q.shape[:-1])}")
     why = supported(q, k, v, do)
     if why:
         raise ValueError(why)
-    kernel, config, options = launch_spec(q.shape[-1], block_m, block_n, stages, num_warps, order, maxnreg)
+
+
+def _scales(head_dim: int) -> tuple[float, float]:
+    """(1/sqrt(d), 1/sqrt(d) * log2(e)): dK's and dQ's final scale, and the scale of raw scores in log2 units."""
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    return sm_scale, sm_scale * ft.LOG2E
+
+
+DKDV_CONFIG = Config(64, 64, 2, 4)
+DQ_CONFIG = Config(64, 64, 2, 4)
+
+
+def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, cfg: Config = DKDV_CONFIG, head_group: int | None = None,
+         out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dK, dV) shaped and typed like k and v (written into `out` if given), from q, k, v, dO, the
+    forward's L and Delta = rowsum(O * dO) (both fp32, q.shape[:-1]), at a config (launch_spec)."""
+    _check(q, k, v, do, {"lse": lse, "delta": delta})
+    kernel, config, options = launch_spec("dkdv", q.shape[-1], cfg)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dk, dv = out if out is not None else (torch.empty_like(k), torch.empty_like(v))
     dk4, dv4 = dk.view(k4.shape), dv.view(v4.shape)
     Z, H = q4.shape[0], q4.shape[1]
     group = ft._head_group(bool(is_causal), Z * H, head_group)
     ft._ensure_scratch_allocator()
-    grid = (group, triton.cdiv(n_k, block_n), Z * H // group)
-    sm_scale = 1.0 / math.sqrt(d)
+    grid = (group, triton.cdiv(n_k, cfg.block_n), Z * H // group)
     kernel[grid](q4, k4, v4, do4, lse, delta, dk4, dv4, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
-                 *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], H, n_q, n_k, sm_scale, sm_scale * ft.LOG2E,
+                 *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], H, n_q, n_k, *_scales(d),
                  IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
     return dk, dv
+
+
+def dq(q, k, v, o, do, lse, is_causal: bool = False, cfg: Config = DQ_CONFIG, head_group: int | None = None,
+       out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ shaped and typed like q, Delta = rowsum(O * dO) fp32 of q.shape[:-1]) (written into `out` if
+    given), from q, k, v, the forward's O and L, and dO, at a config (launch_spec)."""
+    _check(q, k, v, do, {"lse": lse})
+    if o.shape != q.shape or o.dtype != q.dtype:
+        raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    kernel, config, options = launch_spec("dq", q.shape[-1], cfg)
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4, o4, do4 = (ft._as_zhnd(t) for t in (q, k, v, o, do))
+    dq_, delta = out if out is not None else (torch.empty_like(q), torch.empty_like(lse))
+    dq4 = dq_.view(q4.shape)
+    Z, H = q4.shape[0], q4.shape[1]
+    group = ft._head_group(bool(is_causal), Z * H, head_group)
+    ft._ensure_scratch_allocator()
+    grid = (group, triton.cdiv(n_q, cfg.block_m), Z * H // group)
+    kernel[grid](q4, k4, v4, o4, do4, lse, delta, dq4, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
+                 *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], H, n_q, n_k, *_scales(d),
+                 IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
+    return dq_, delta
+
+
+def flash_attention_backward(q, k, v, o, lse, do, is_causal: bool = False, dq_cfg: Config = DQ_CONFIG,
+                             dkdv_cfg: Config = DKDV_CONFIG, head_group: int | None = None):
+    """(dQ, dK, dV) as flash_triton.flash_attention_backward returns them: the dQ kernel (which writes
+    Delta), then the dK/dV kernel."""
+    dq_, delta = dq(q, k, v, o, do, lse, is_causal, dq_cfg, head_group)
+    dk, dv = dkdv(q, k, v, do, lse, delta, is_causal, dkdv_cfg, head_group)
+    return dq_, dk, dv
