@@ -5,6 +5,7 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
 (CUDA events, warm-up excluded):
 
   triton_dkdv, triton_dq    the Triton kernels alone (autotuned, the shipped options)
+  triton_pinned_<k>         with --pin K=..., Triton's kernel K alone at that config instead of autotuned
   gluon_<cfg>               each Gluon dK/dV config (--config) alone, on the same L and Delta
   gluon_dq_<cfg>            each Gluon dQ config (--dq-config) alone (it writes Delta too)
   triton_bwd                the whole Triton backward (dQ + dK/dV)
@@ -26,7 +27,7 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, write_report
+from benchmarks.flash_ab import _sdpa_call, parse_pin, parse_sdpa, parse_shape, record_cell, write_report
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
@@ -110,6 +111,15 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
              "triton_dq": lambda: dq_plan(q, k, v, o, do, lse, delta, dq_t),
              "triton_bwd": lambda: bwd(q, k, v, o, lse, do)}
     calls["triton_dq"]()  # Delta, as the Triton backward computes it, for every dK/dV kernel below
+    if args.pin:  # the same kernels at pinned configs: a plan of their own, whose kernels are timed alone
+        flash_triton.clear_launch_plans()
+        pinned = flash_triton.LaunchOptions(pinned={n: flash_triton.make_config(*c) for n, c in args.pin})
+        flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal, options=pinned)
+        dq_pin, dkdv_pin = triton_plan_kernels(flash_triton)
+        dq_p, dk_p, dv_p, delta_p = (torch.empty_like(t) for t in (q, k, v, lse))
+        for name, _ in args.pin:
+            calls[f"triton_pinned_{name}"] = ((lambda: dkdv_pin(q, k, v, do, lse, delta, dk_p, dv_p)) if name == "dkdv"
+                                              else (lambda: dq_pin(q, k, v, o, do, lse, delta_p, dq_p)))
     calls["triton_dkdv"]()
     outs = {"triton": {"dq": dq_t, "dk": dk_t, "dv": dv_t, "delta": delta}}
 
@@ -165,8 +175,10 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
     cell["ms"] = ms
     best = {name: min(xs) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
-                                      if n.startswith("gluon_") and not n.startswith(("gluon_dq_", "gluon_bwd_"))}
-    cell["dq_speedup_vs_triton"] = {n: best["triton_dq"] / t for n, t in best.items() if n.startswith("gluon_dq_")}
+                                      if n.startswith(("gluon_", "triton_pinned_dkdv"))
+                                      and not n.startswith(("gluon_dq_", "gluon_bwd_"))}
+    cell["dq_speedup_vs_triton"] = {n: best["triton_dq"] / t for n, t in best.items()
+                                    if n.startswith(("gluon_dq_", "triton_pinned_dq"))}
     cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items()
                                      if n.startswith(("hybrid_", "gluon_bwd_"))}
     for backend in args.sdpa:
@@ -188,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"a Gluon dQ config (repeatable; default {' '.join(map(config_name, DQ_CONFIGS))})")
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
                     help="a shape (repeatable; 3 numbers: no head axis)")
+    ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
+                    help="also time Triton's kernel (dkdv or dq) at this config (repeatable)")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
     ap.add_argument("--rounds", type=int, default=3)
