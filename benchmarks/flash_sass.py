@@ -12,7 +12,8 @@ time: does a change keep a matmul in flight, add a barrier, or cost registers?
     python -m benchmarks.flash_sass --gluon 64,64,3,4 --head-dim 128 --causal --out sass
 
 `--gluon BM,BN,STAGES,WARPS[,plain|,ws|,pingpong]` compiles the Gluon forward (kernels/flash_gluon.py) instead, in
-benchmarks/flash_gluon_ab.py's config order.
+benchmarks/flash_gluon_ab.py's config order; `--gluon-bwd dkdv=BM,BN,STAGES,WARPS[,ORDER][,rN]` (or dq=...)
+one of the Gluon backward kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's.
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
 N matmuls left in flight) and the `exp2`s and `if`s between them, in program order.
@@ -29,6 +30,8 @@ from pathlib import Path
 
 from benchmarks.flash_ab import parse_pin, write_report
 from benchmarks.flash_gluon_ab import parse_config
+from benchmarks.flash_gluon_bwd_ab import config_name as bwd_config_name
+from benchmarks.flash_gluon_bwd_ab import parse_config as parse_bwd_config
 from kernels.names import DTYPES, torch_dtype
 
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
@@ -161,6 +164,44 @@ def compile_gluon(args, ap) -> int:
     return 0
 
 
+def parse_gluon_bwd(text: str) -> tuple[str, tuple]:
+    """"dkdv=64,64,2,4" -> ("dkdv", (64, 64, 2, 4, "overlap", None)): a Gluon backward kernel and its config."""
+    kernel, _, cfg = text.partition("=")
+    if kernel not in ("dkdv", "dq"):
+        raise argparse.ArgumentTypeError(f"gluon-bwd {text!r}: want dkdv=CONFIG or dq=CONFIG")
+    return kernel, parse_bwd_config(cfg)
+
+
+def compile_gluon_bwd(args, ap) -> int:
+    """--gluon-bwd: a Gluon backward kernel at one config, compiled for sm_90 and written out as for --pin."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels import flash_gluon, flash_gluon_bwd
+
+    kernel, cfg = args.gluon_bwd
+    if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
+        ap.error(f"--gluon-bwd takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
+    try:
+        jit_fn, config, options = flash_gluon_bwd.launch_spec(kernel, args.head_dim, flash_gluon_bwd.Config(*cfg))
+    except ValueError as exc:
+        ap.error(f"--gluon-bwd {kernel}={bwd_config_name(cfg)}: {exc}")
+    constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, **config}
+    sig, attrs = signature(jit_fn, constexprs, args.dtype)
+    compiled = triton.compile(GluonASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    name = f"gluon_{kernel}_{bwd_config_name(cfg)}_d{args.head_dim}"
+    report = write_listing(compiled, args.out / name, {
+        "kernel": f"gluon_{kernel}", "config": list(cfg), "head_dim": args.head_dim, "dtype": args.dtype,
+        "causal": args.causal})
+    print(f"gluon {kernel} {cfg} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
+          f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
+    for i, loop in enumerate(report["loops"]):
+        print(f"  loop {i}: {' '.join(loop)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     which_kernel = ap.add_mutually_exclusive_group(required=True)
@@ -168,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                               help="the kernel (fwd, dkdv or dq) and its config")
     which_kernel.add_argument("--gluon", type=parse_config, metavar="BM,BN,STAGES,WARPS[,MODE]",
                               help="the Gluon forward and its config")
+    which_kernel.add_argument("--gluon-bwd", type=parse_gluon_bwd, metavar="KERNEL=BM,BN,STAGES,WARPS[,ORDER][,rN]",
+                              help="a Gluon backward kernel (dkdv or dq) and its config")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--causal", action="store_true")
@@ -189,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.gluon:
         return compile_gluon(args, ap)
+    if args.gluon_bwd:
+        return compile_gluon_bwd(args, ap)
     which, cfg = args.pin
 
     jit_fn = ft._JIT[which]

@@ -658,12 +658,16 @@ class LaunchOptions:
                 in the forward; Q and dO in dK/dV. False keeps pointer loads
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
+    gluon_dkdv  the backward's dK/dV kernel is the Gluon one (kernels/flash_gluon_bwd.py) where it ran
+                faster on the H200 (_gluon_dkdv: sm_90, 16-bit, d in its SHIPPED_DKDV, tensors the copy
+                engine takes, tma on and no pinned dkdv config). False keeps the Triton kernel everywhere
     """
 
     autotune: bool = True
     head_group: int | None = None
     tma: bool = True
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
+    gluon_dkdv: bool = True
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
@@ -674,7 +678,7 @@ class LaunchOptions:
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
-        object.__setattr__(self, "key", (self.autotune, self.head_group, self.tma, pinned))
+        object.__setattr__(self, "key", (self.autotune, self.head_group, self.tma, pinned, self.gluon_dkdv))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -886,7 +890,7 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
         return None
     named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
     named.update(constexprs, BLOCK_M=tiles[0], BLOCK_N=tiles[1])
-    named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items()})
+    named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items() if name in jit_fn.arg_names})
     if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
         return None
     fixed = args[n_tensors:] + tuple(named[name] for name in jit_fn.arg_names[len(args):])
@@ -925,6 +929,40 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
     if tiles is None or not want_plan:  # None: the autotuner did not say which tiles it launched
         return None
     return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device(), scratch)
+
+
+def _gluon_dkdv(q4, k4, v4, do4, options: LaunchOptions):
+    """The Gluon dK/dV kernel's config for this call (kernels/flash_gluon_bwd.SHIPPED_DKDV), or None where
+    the Triton kernel runs: options.gluon_dkdv off, a pinned dkdv config, descriptors off, a tensor the
+    copy engine cannot read (a stride-0 dO, say), not sm_90, or a head dim it was not measured faster at."""
+    if not (options.gluon_dkdv and options.tma and "dkdv" not in options.pinned):
+        return None
+    try:
+        from kernels import flash_gluon_bwd
+    except ImportError:  # a Triton without Gluon
+        return None
+    cfg = flash_gluon_bwd.SHIPPED_DKDV.get(q4.shape[-1])
+    if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:
+        return None
+    return cfg
+
+
+def _launch_gluon_dkdv(cfg, args: tuple, zh: int, group: int, is_causal: bool, head_dim: int, q: torch.Tensor,
+                       want_plan: bool):
+    """Launch the Gluon dK/dV kernel at `cfg` with runtime `args` (its signature order, tensors first);
+    a plan for later calls as _launch returns."""
+    from kernels import flash_gluon_bwd
+
+    jit_fn, constexprs, launch = flash_gluon_bwd.launch_spec("dkdv", head_dim, cfg)
+    constexprs = {"IS_CAUSAL": is_causal, "HEAD_DIM": head_dim, **constexprs}
+    n_k = args[1].shape[-2]
+    grid = (group, triton.cdiv(n_k, cfg.block_n), zh // group)
+    _ensure_scratch_allocator()
+    compiled = jit_fn[grid](*args, **constexprs, **launch)
+    if not want_plan:
+        return None
+    return _kernel_plan(jit_fn, compiled, args, 8, constexprs, (cfg.block_m, cfg.block_n), grid, q.get_device(),
+                        scratch=True)
 
 
 def clear_launch_plans() -> None:
@@ -991,7 +1029,8 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the two backward kernels (dQ, which also writes Delta, then dK/dV).
+    """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; the dK/dV kernel is the
+    Gluon one where options.gluon_dkdv picks it, _gluon_dkdv).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
@@ -1031,11 +1070,17 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                    *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
                   _grid(n_q, "BLOCK_M", Z * H, group), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
                   want_plan)
-    dkdv = _launch("dkdv",
-                   (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
-                    *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
-                   _grid(n_k, "BLOCK_N", Z * H, group), {**constexprs, "TMA_Q": tma_q, "TMA_DO": tma_do},
-                   q, d, options, want_plan)
+    gluon = _gluon_dkdv(q4, k4, v4, do4, options)
+    if gluon is not None:  # the Gluon kernel's strides leave out d's (unit) and its scalars the bucket
+        strides = (x for t in (q4, k4, v4, do4, dk4, dv4) for x in t.stride()[:3])
+        dkdv = _launch_gluon_dkdv(gluon, (q4, k4, v4, do4, lse, delta, dk4, dv4, *strides, *common[:-1]), Z * H,
+                                  group, is_causal, d, q, want_plan)
+    else:
+        dkdv = _launch("dkdv",
+                       (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),
+                        *_strides(do4), *_strides(dk4), *_strides(dv4), *common), 8,
+                       _grid(n_k, "BLOCK_N", Z * H, group), {**constexprs, "TMA_Q": tma_q, "TMA_DO": tma_do},
+                       q, d, options, want_plan)
     if dkdv is not None and dq_ is not None:
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 

@@ -83,3 +83,39 @@ def test_a_gluon_config_the_kernel_cannot_run_is_named(tmp_path):
     r = _run("--gluon", "128,128,2,8,ws", "--head-dim", "128", "--out", str(tmp_path / "d"))
     assert r.returncode == 2 and "consumer warpgroups" in r.stderr
     assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+@pytest.mark.parametrize(("order", "head_dim"), [("overlap", 128), ("defer", 64), ("plain", 64)])
+def test_the_gluon_dkdv_kernel_computes_under_its_matmuls_in_the_order_it_names(tmp_path, order, head_dim):
+    stages = 3 if order == "defer" else 2
+    cfg = f"64,64,{stages},4" + ("" if order == "overlap" else f",{order}")
+    r = _run("--gluon-bwd", f"dkdv={cfg}", "--head-dim", str(head_dim), "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    name = f"gluon_dkdv_64x64x{stages}x4{'' if order == 'overlap' else '_' + order}_d{head_dim}"
+    report = json.loads((tmp_path / f"{name}.json").read_text())
+    assert report["kernel"] == "gluon_dkdv" and report["sass_ops"].get("HGMMA.64x64x16.F32.BF16", 0) > 0
+    assert len(report["loops"]) == 2  # the causal diagonal tiles, then the unmasked ones
+    for loop in report["loops"]:
+        if order == "overlap":  # S^T and dP^T issued, wait for S^T alone, P^T while dP^T runs, dS^T while dV runs
+            assert loop == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1", "dot:dk_tok",
+                            "wait:0"], loop
+        elif order == "defer":  # the tile before's dK matmul issued behind this tile's scores
+            assert loop[:4] == ["dot:st_tok", "dot:dpt_tok", "dot:dk_tok", "wait:2"], loop
+            assert loop.index("exp2") < loop.index("wait:0"), loop
+        else:
+            assert loop == ["dot:st", "exp2", "dot:dv", "dot:dpt", "dot:dk"], loop
+
+
+def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(tmp_path):
+    r = _run("--gluon-bwd", "dq=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path / "ok"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "ok" / "gluon_dq_64x64x2x4_d64.json").read_text())
+    for loop in report["loops"]:
+        assert loop == ["dot:s_tok", "dot:dp_tok", "wait:1", "exp2", "wait:0", "dot:dq"], loop
+    r = _run("--gluon-bwd", "dq=64,64,3,4,defer", "--head-dim", "64", "--out", str(tmp_path / "a"))
+    assert r.returncode == 2 and "order 'defer'" in r.stderr
+    r = _run("--gluon-bwd", "dkdv=64,64,2,4", "--head-dim", "96", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "head dim 64 or 128" in r.stderr
+    r = _run("--gluon-bwd", "dv=64,64,2,4", "--out", str(tmp_path / "c"))
+    assert r.returncode == 2 and "dkdv=CONFIG or dq=CONFIG" in r.stderr
+    assert not any((tmp_path / d).exists() for d in "abc")

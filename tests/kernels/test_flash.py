@@ -550,8 +550,32 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
 
 
 @pytest.mark.gpu
-def test_gpu_forward_and_backward_capture_into_a_cuda_graph():
-    shape = (2, 8, 512, 64)
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False),
+                                               ((2, 16, 2048, 128), True)])
+def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients_bit_for_bit(shape, causal):
+    # at d=128 on sm_90 the backward's dK/dV kernel is the Gluon one: both accumulate the same fp32
+    # products in the same order (query tiles ascending, 16-wide matmul steps), so the gradients are
+    # bit-identical to the Triton kernel's, on ragged tiles too, first call and planned replay alike
+    import kernels.flash_triton as ft
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon dK/dV kernel runs on sm_90")
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=4))
+    assert ft._gluon_dkdv(*(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
+    o, lse = flash_attention_forward(q, k, v, causal)
+    ft.clear_launch_plans()
+    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
+    for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
+        got = ft.flash_attention_backward(q, k, v, o, lse, do, causal)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert torch.equal(a, b), name
+    plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == ft.DEFAULT_OPTIONS.key)]
+    assert all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 8, 512, 64), (2, 4, 512, 128)])  # d=128: the Gluon dK/dV kernel
+def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape):
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
 

@@ -1,0 +1,77 @@
+"""The Gluon backward kernels' configs are checked with the reason named, and the Triton backward takes
+the Gluon dK/dV kernel only where it was measured faster.
+
+The kernels have no interpreter: tests/benchmarks/test_flash_sass.py compiles them for sm_90 on this CPU
+machine, and tests/kernels/test_flash.py's GPU tests run them (bit for bit against the Triton kernel)."""
+import pytest
+import torch
+
+from kernels import flash_gluon_bwd as gb
+from kernels import flash_triton as ft
+
+
+@pytest.mark.parametrize(("kernel", "head_dim", "cfg"), [
+    ("dkdv", 128, gb.Config(64, 64, 2, 4)), ("dkdv", 64, gb.Config(64, 64, 3, 4, "defer", 168)),
+    ("dkdv", 64, gb.Config(32, 128, 2, 8)), ("dq", 64, gb.Config(128, 64, 2, 8)), ("dq", 128, gb.Config(64, 32, 3, 4)),
+])
+def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
+    assert gb.config_error(kernel, head_dim, cfg) is None
+
+
+@pytest.mark.parametrize(("kernel", "cfg", "named"), [
+    ("dkdv", gb.Config(64, 64, 2, 2), "num_warps 2"),           # wgmma needs whole warpgroups
+    ("dkdv", gb.Config(64, 96, 2, 4), "block_n 96"),            # key rows: 16 a warp, 64 a warpgroup
+    ("dkdv", gb.Config(128, 64, 2, 4), "block_m 128"),          # must divide the key tile (the diagonal)
+    ("dq", gb.Config(64, 128, 2, 4), "block_n 128"),            # dQ: the key step must divide the query tile
+    ("dkdv", gb.Config(64, 64, 1, 4), "stages 1"),              # a slot is refilled only after its tile was used
+    ("dkdv", gb.Config(64, 64, 2, 4, "defer"), "stages 2"),     # the deferred order keeps one more tile
+    ("dq", gb.Config(64, 64, 3, 4, "defer"), "order 'defer'"),  # dK/dV's order only
+    ("dkdv", gb.Config(64, 64, 2, 4, "fast"), "order 'fast'"),
+    ("dkdv", gb.Config(64, 64, 2, 4, maxnreg=300), "maxnreg 300"),
+    ("dkdv", gb.Config(64, 256, 3, 8), "229376 bytes"),         # K, V and three slots at d=128: over the budget
+])
+def test_bad_configs_are_named(kernel, cfg, named):
+    why = gb.config_error(kernel, 128, cfg)
+    assert why is not None and named in why
+    with pytest.raises(ValueError, match=named.split()[0]):
+        gb.launch_spec(kernel, 128, cfg)
+
+
+def test_an_unknown_kernel_is_named():
+    with pytest.raises(ValueError, match="kernel 'dv'"):
+        gb.launch_spec("dv", 128, gb.DKDV_CONFIG)
+
+
+def test_the_launchers_check_before_they_launch():
+    q = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 64)
+    with pytest.raises(ValueError, match="sm_90"):  # this machine has no GPU
+        gb.dkdv(q, q, q, q, lse, lse)
+    with pytest.raises(ValueError, match="delta"):
+        gb.dkdv(q, q, q, q, lse, lse[..., :32])
+    with pytest.raises(ValueError, match="dO"):
+        gb.dq(q, q, q, q, q.half(), lse)
+    assert "fp16 and bf16" in gb.supported(q.float(), q.float(), q.float(), q.float())
+    assert "head dim 96" in gb.supported(q[..., :96], q[..., :96], q[..., :96], q[..., :96])
+
+
+def _views(d: int, n: int = 64):
+    return [ft._as_zhnd(torch.randn(1, 2, n, d, dtype=torch.bfloat16)) for _ in range(4)]
+
+
+def test_the_backward_takes_the_gluon_kernel_only_where_it_was_measured_faster(monkeypatch):
+    assert ft._gluon_dkdv(*_views(128), ft.DEFAULT_OPTIONS) is None  # a CPU tensor: not sm_90
+    monkeypatch.setattr(gb, "supported", lambda *tensors: None)  # as if on an H200 with qualifying tensors
+    assert ft._gluon_dkdv(*_views(128), ft.DEFAULT_OPTIONS) == gb.SHIPPED_DKDV[128]
+    assert ft._gluon_dkdv(*_views(64), ft.DEFAULT_OPTIONS) is None  # measured slower on the leaderboard shape
+    for off in (ft.LaunchOptions(gluon_dkdv=False), ft.LaunchOptions(tma=False),
+                ft.LaunchOptions(pinned={"dkdv": ft.make_config(64, 64, 4, 2)})):
+        assert ft._gluon_dkdv(*_views(128), off) is None, off
+    # a pinned dQ config leaves dK/dV to the Gluon kernel; the choice is part of a plan's key
+    assert ft._gluon_dkdv(*_views(128), ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)})) is not None
+    assert ft.LaunchOptions(gluon_dkdv=False).key != ft.DEFAULT_OPTIONS.key
+
+
+def test_every_shipped_config_is_one_the_kernel_takes():
+    for head_dim, cfg in gb.SHIPPED_DKDV.items():
+        assert gb.config_error("dkdv", head_dim, cfg) is None
