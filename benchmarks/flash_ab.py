@@ -65,7 +65,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-BOOL_OPTIONS = ("autotune", "tma")
+BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv")
 INT_OPTIONS = ("head_group",)
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
