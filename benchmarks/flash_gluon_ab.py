@@ -71,24 +71,41 @@ def row_errors(o, lse, ref_o, ref_lse) -> dict:
             "lse_max": (lse.double() - ref_lse).abs().max().item()}
 
 
+def time_in_turns(calls: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Each call's CUDA-event median per round (3 warm-up calls, then `repeats` samples), the calls taken
+    in turns within a round so clock drift falls on all of them."""
+    from worker.harness import measure
+
+    ms: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            ms[name].append(measure(call, warmup=3, repeats=repeats, device="cuda").median_ms)
+    return ms
+
+
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments the Gluon A/B scripts share: shapes, SDPA backends, rounds, samples, output, commit."""
+    ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
+                    help="a shape (repeatable; 3 numbers: no head axis)")
+    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", type=parse_config, default=None,
                     metavar="BM,BN,STAGES,WARPS[,MODE]",
                     help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
-    ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
-                    help="a shape (repeatable; 3 numbers: no head axis)")
-    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
     ap.add_argument("--head-group", type=int, default=None, help="Gluon grid order (default: as Triton's)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--commit", default=None)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     import torch
 
     from kernels import flash_gluon, flash_triton
-    from worker.harness import fingerprint, measure
+    from worker.harness import fingerprint
 
     out = Path(args.out)
     configs = args.config or CONFIGS
@@ -121,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell["errors"][name]["lse_max_diff_vs_triton"] = (lse - l_tri).abs().max().item()
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, q, causal)  # q: the unused gradient slot
-        ms: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
-        cell["ms"] = ms
+        cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats)
         best = {name: min(xs) for name, xs in ms.items()}
         cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
         for backend in args.sdpa:

@@ -27,7 +27,8 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_pin, parse_sdpa, parse_shape, record_cell, write_report
+from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, write_report
+from benchmarks.flash_gluon_ab import add_run_args, time_in_turns
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
@@ -95,8 +96,6 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
 
     from kernels import flash_gluon_bwd as gb
     from kernels import flash_triton
-    from worker.harness import measure
-
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
     cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
@@ -168,11 +167,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                 cell["errors"][name][f"{g}_max_diff_vs_triton"] = diff
     for backend in args.sdpa:
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
-    ms: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(args.rounds):
-        for name, call in calls.items():
-            ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
-    cell["ms"] = ms
+    cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats)
     best = {name: min(xs) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
                                       if n.startswith(("gluon_", "triton_pinned_dkdv"))
@@ -198,16 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dq-config", action="append", type=parse_config, default=None,
                     metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
                     help=f"a Gluon dQ config (repeatable; default {' '.join(map(config_name, DQ_CONFIGS))})")
-    ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
-                    help="a shape (repeatable; 3 numbers: no head axis)")
     ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
                     help="also time Triton's kernel (dkdv or dq) at this config (repeatable)")
-    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--commit", default=None)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     from kernels import flash_triton
     from worker.harness import fingerprint

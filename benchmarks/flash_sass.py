@@ -134,34 +134,45 @@ def write_listing(compiled, stem: Path, about: dict) -> dict:
     return report
 
 
-def compile_gluon(args, ap) -> int:
-    """--gluon: the Gluon forward at one config, compiled for sm_90 and written out as for --pin."""
+def _gluon_listing(args, jit_fn, config: dict, options: dict, name: str, about: dict) -> int:
+    """Compile a Gluon kernel (its config's constexprs and launch options) for sm_90 and write it out as
+    for --pin, under `name`; print its resources and loop orders."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels import flash_gluon
-
-    block_m, block_n, stages, warps, mode = args.gluon
-    if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
-        ap.error(f"--gluon takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
-    try:  # the launcher's kernel and choices for this config
-        jit_fn, config, options = flash_gluon.launch_spec(args.head_dim, block_m, block_n, stages, warps, mode)
-    except ValueError as exc:
-        ap.error(f"--gluon {','.join(map(str, args.gluon[:4]))}: {exc}")
     constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, **config}
     sig, attrs = signature(jit_fn, constexprs, args.dtype)
     compiled = triton.compile(GluonASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)
-    name = f"gluon_fwd_{block_m}_{block_n}_{stages}_{warps}{'' if mode == 'overlap' else '_' + mode}_d{args.head_dim}"
-    report = write_listing(compiled, args.out / name, {
-        "kernel": "gluon_fwd", "config": list(args.gluon), "head_dim": args.head_dim, "dtype": args.dtype,
-        "causal": args.causal})
-    print(f"gluon fwd {args.gluon} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
+    report = write_listing(compiled, args.out / name, {**about, "head_dim": args.head_dim, "dtype": args.dtype,
+                                                        "causal": args.causal})
+    print(f"{about['kernel']} {about['config']} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
           f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
     for i, loop in enumerate(report["loops"]):
         print(f"  loop {i}: {' '.join(loop)}")
     return 0
+
+
+def _gluon_head_dim(args, ap, flag: str) -> None:
+    from kernels import flash_gluon
+
+    if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
+        ap.error(f"{flag} takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
+
+
+def compile_gluon(args, ap) -> int:
+    """--gluon: the Gluon forward at one config."""
+    from kernels import flash_gluon
+
+    block_m, block_n, stages, warps, mode = args.gluon
+    _gluon_head_dim(args, ap, "--gluon")
+    try:  # the launcher's kernel and choices for this config
+        jit_fn, config, options = flash_gluon.launch_spec(args.head_dim, block_m, block_n, stages, warps, mode)
+    except ValueError as exc:
+        ap.error(f"--gluon {','.join(map(str, args.gluon[:4]))}: {exc}")
+    name = f"gluon_fwd_{block_m}_{block_n}_{stages}_{warps}{'' if mode == 'overlap' else '_' + mode}_d{args.head_dim}"
+    return _gluon_listing(args, jit_fn, config, options, name, {"kernel": "gluon_fwd", "config": list(args.gluon)})
 
 
 def parse_gluon_bwd(text: str) -> tuple[str, tuple]:
@@ -173,33 +184,17 @@ def parse_gluon_bwd(text: str) -> tuple[str, tuple]:
 
 
 def compile_gluon_bwd(args, ap) -> int:
-    """--gluon-bwd: a Gluon backward kernel at one config, compiled for sm_90 and written out as for --pin."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from kernels import flash_gluon, flash_gluon_bwd
+    """--gluon-bwd: a Gluon backward kernel at one config."""
+    from kernels import flash_gluon_bwd
 
     kernel, cfg = args.gluon_bwd
-    if args.dtype == "fp32" or args.head_dim not in flash_gluon.HEAD_DIMS:
-        ap.error(f"--gluon-bwd takes 16-bit inputs at head dim {' or '.join(map(str, flash_gluon.HEAD_DIMS))}")
+    _gluon_head_dim(args, ap, "--gluon-bwd")
     try:
         jit_fn, config, options = flash_gluon_bwd.launch_spec(kernel, args.head_dim, flash_gluon_bwd.Config(*cfg))
     except ValueError as exc:
         ap.error(f"--gluon-bwd {kernel}={bwd_config_name(cfg)}: {exc}")
-    constexprs = {"IS_CAUSAL": args.causal, "HEAD_DIM": args.head_dim, **config}
-    sig, attrs = signature(jit_fn, constexprs, args.dtype)
-    compiled = triton.compile(GluonASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options)
     name = f"gluon_{kernel}_{bwd_config_name(cfg)}_d{args.head_dim}"
-    report = write_listing(compiled, args.out / name, {
-        "kernel": f"gluon_{kernel}", "config": list(cfg), "head_dim": args.head_dim, "dtype": args.dtype,
-        "causal": args.causal})
-    print(f"gluon {kernel} {cfg} d={args.head_dim} {args.dtype}: {report['registers']} registers, "
-          f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
-    for i, loop in enumerate(report["loops"]):
-        print(f"  loop {i}: {' '.join(loop)}")
-    return 0
+    return _gluon_listing(args, jit_fn, config, options, name, {"kernel": f"gluon_{kernel}", "config": list(cfg)})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -202,6 +202,21 @@ def _finish(acc, m_i, l_i, o_layout: gl.constexpr):
 
 
 @gluon.jit
+def _kv_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+             layout: gl.constexpr):
+    """STAGES shared-memory slots for K tiles and as many for V, each slot with its own initialised
+    mbarrier (count 1) that the copy engine completes: (k_smem, v_smem, k_bars, v_bars)."""
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], layout)
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    return k_smem, v_smem, k_bars, v_bars
+
+
+@gluon.jit
 def _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, tile, n_iter, kv_bytes: gl.constexpr,
             BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Start the copy of key tile `tile` (if there is one) into `slot`, whose tile this warpgroup has used.
@@ -238,15 +253,9 @@ def _fwd_kernel(Q, K, V, O, L,
                                           stride_kn, stride_vz, stride_vh, stride_vn, n_q, n_k, HEAD_DIM, BLOCK_M,
                                           BLOCK_N, q_smem_layout, kv_smem_layout)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_smem_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_smem_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
+    k_smem, v_smem, k_bars, v_bars = _kv_ring(dtype, STAGES, BLOCK_N, HEAD_DIM, kv_smem_layout)
     n_iter, hi_unmasked = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
 
     # the copy engine starts on Q and the first STAGES key tiles

@@ -47,11 +47,29 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.flash_gluon import DTYPES, HEAD_DIMS, _block_barrier, _key_tiles, _mma_layout, _program_tile, _refill
+from kernels.flash_gluon import (
+    DTYPES,
+    HEAD_DIMS,
+    _block_barrier,
+    _key_tiles,
+    _kv_ring,
+    _mma_layout,
+    _program_tile,
+    _refill,
+)
 
 # loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
 # matmul of tile t issued behind tile t+1's S^T and dP^T, "plain" each matmul waited for at once
 ORDERS = ("overlap", "defer", "plain")
+
+
+@gluon.jit
+def _descriptor(X, z, h, stride_z, stride_h, stride_row, n, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+                layout: gl.constexpr):
+    """A tensor descriptor of (z, h)'s (n, HEAD_DIM) rows of X in ROWS-row tiles; the copy engine fills
+    rows past n with zeros on loads and clips them on stores."""
+    return tma.make_tensor_descriptor(X + z.to(gl.int64) * stride_z + h.to(gl.int64) * stride_h, shape=[n, HEAD_DIM],
+                                      strides=[stride_row, 1], block_shape=[ROWS, HEAD_DIM], layout=layout)
 
 
 @gluon.jit
@@ -176,16 +194,10 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    z64 = z.to(gl.int64)
-    h64 = h.to(gl.int64)
-    q_desc = tma.make_tensor_descriptor(Q + z64 * stride_qz + h64 * stride_qh, shape=[n_q, HEAD_DIM],
-                                        strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
-    do_desc = tma.make_tensor_descriptor(DO + z64 * stride_doz + h64 * stride_doh, shape=[n_q, HEAD_DIM],
-                                         strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
-    k_desc = tma.make_tensor_descriptor(K + z64 * stride_kz + h64 * stride_kh, shape=[n_k, HEAD_DIM],
-                                        strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + z64 * stride_vz + h64 * stride_vh, shape=[n_k, HEAD_DIM],
-                                        strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_desc = _descriptor(Q, z, h, stride_qz, stride_qh, stride_qm, n_q, HEAD_DIM, BLOCK_M, q_layout)
+    do_desc = _descriptor(DO, z, h, stride_doz, stride_doh, stride_dom, n_q, HEAD_DIM, BLOCK_M, q_layout)
+    k_desc = _descriptor(K, z, h, stride_kz, stride_kh, stride_kn, n_k, HEAD_DIM, BLOCK_N, kv_layout)
+    v_desc = _descriptor(V, z, h, stride_vz, stride_vh, stride_vn, n_k, HEAD_DIM, BLOCK_N, kv_layout)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
@@ -207,11 +219,8 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [start_n, 0], kv_bar, v_smem)
-    for i in gl.static_range(STAGES):
-        bar = bars.index(i)
-        mbarrier.expect(bar, 2 * q_desc.block_type.nbytes, pred=i < n_iter)
-        tma.async_copy_global_to_shared(q_desc, [lo + i * BLOCK_M, 0], bar, q_smem.index(i), pred=i < n_iter)
-        tma.async_copy_global_to_shared(do_desc, [lo + i * BLOCK_M, 0], bar, do_smem.index(i), pred=i < n_iter)
+    for i in gl.static_range(STAGES):  # (4: nothing has read a slot yet, so no block barrier)
+        _refill_q(q_desc, do_desc, q_smem, do_smem, bars, i, i, lo, n_iter, BLOCK_M, 4)
 
     l_base = L + pid_zh.to(gl.int64) * n_q
     delta_base = Delta + pid_zh.to(gl.int64) * n_q
@@ -245,10 +254,8 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
 
     # dK, dV through K's and V's slots (every matmul that read them has finished); the copy engine
     # clips rows past n_k
-    dk_desc = tma.make_tensor_descriptor(DK + z64 * stride_dkz + h64 * stride_dkh, shape=[n_k, HEAD_DIM],
-                                         strides=[stride_dkn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-    dv_desc = tma.make_tensor_descriptor(DV + z64 * stride_dvz + h64 * stride_dvh, shape=[n_k, HEAD_DIM],
-                                         strides=[stride_dvn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    dk_desc = _descriptor(DK, z, h, stride_dkz, stride_dkh, stride_dkn, n_k, HEAD_DIM, BLOCK_N, kv_layout)
+    dv_desc = _descriptor(DV, z, h, stride_dvz, stride_dvh, stride_dvn, n_k, HEAD_DIM, BLOCK_N, kv_layout)
     _block_barrier()
     k_smem.store((dk * sm_scale).to(dtype))
     v_smem.store(dv.to(dtype))
@@ -317,38 +324,22 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    z64 = z.to(gl.int64)
-    h64 = h.to(gl.int64)
-    q_desc = tma.make_tensor_descriptor(Q + z64 * stride_qz + h64 * stride_qh, shape=[n_q, HEAD_DIM],
-                                        strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
-    do_desc = tma.make_tensor_descriptor(DO + z64 * stride_doz + h64 * stride_doh, shape=[n_q, HEAD_DIM],
-                                         strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
-    k_desc = tma.make_tensor_descriptor(K + z64 * stride_kz + h64 * stride_kh, shape=[n_k, HEAD_DIM],
-                                        strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + z64 * stride_vz + h64 * stride_vh, shape=[n_k, HEAD_DIM],
-                                        strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_desc = _descriptor(Q, z, h, stride_qz, stride_qh, stride_qm, n_q, HEAD_DIM, BLOCK_M, q_layout)
+    do_desc = _descriptor(DO, z, h, stride_doz, stride_doh, stride_dom, n_q, HEAD_DIM, BLOCK_M, q_layout)
+    k_desc = _descriptor(K, z, h, stride_kz, stride_kh, stride_kn, n_k, HEAD_DIM, BLOCK_N, kv_layout)
+    v_desc = _descriptor(V, z, h, stride_vz, stride_vh, stride_vn, n_k, HEAD_DIM, BLOCK_N, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
+    k_smem, v_smem, k_bars, v_bars = _kv_ring(dtype, STAGES, BLOCK_N, HEAD_DIM, kv_layout)
     n_iter, hi_unmasked = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
 
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
     tma.async_copy_global_to_shared(do_desc, [start_m, 0], q_bar, do_smem)
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes
-    for i in gl.static_range(STAGES):
-        mbarrier.expect(k_bars.index(i), kv_bytes, pred=i < n_iter)
-        tma.async_copy_global_to_shared(k_desc, [i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i), pred=i < n_iter)
-        mbarrier.expect(v_bars.index(i), kv_bytes, pred=i < n_iter)
-        tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=i < n_iter)
+    for i in gl.static_range(STAGES):  # (4: nothing has read a slot yet, so no block barrier)
+        _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, i, n_iter, k_desc.block_type.nbytes, BLOCK_N, 4)
 
     # Delta = rowsum(O * dO) of this tile's rows, for this kernel and the dK/dV kernel after it
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -356,6 +347,8 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
     o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     offs_om = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    z64 = z.to(gl.int64)
+    h64 = h.to(gl.int64)
     o_ptrs = O + z64 * stride_oz + h64 * stride_oh + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) \
         + gl.expand_dims(offs_d, 0)
     do_ptrs = DO + z64 * stride_doz + h64 * stride_doh + gl.expand_dims(offs_om.to(gl.int64) * stride_dom, 1) \
@@ -383,8 +376,7 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
         mbarrier.invalidate(v_bars.index(i))
 
     # dQ through Q's slot (every matmul that read it has finished); the copy engine clips rows past n_q
-    dq_desc = tma.make_tensor_descriptor(DQ + z64 * stride_dqz + h64 * stride_dqh, shape=[n_q, HEAD_DIM],
-                                         strides=[stride_dqm, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    dq_desc = _descriptor(DQ, z, h, stride_dqz, stride_dqh, stride_dqm, n_q, HEAD_DIM, BLOCK_M, q_layout)
     _block_barrier()
     q_smem.store((dq * sm_scale).to(dtype))
     fence_async_shared()

@@ -932,7 +932,7 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
 
 
 def _gluon_dkdv(q4, k4, v4, do4, options: LaunchOptions):
-    """The Gluon dK/dV kernel's config for this call (kernels/flash_gluon_bwd.SHIPPED_DKDV), or None where
+    """The Gluon dK/dV kernel's config for this call (SHIPPED_DKDV of kernels/flash_gluon_bwd.py), or None where
     the Triton kernel runs: options.gluon_dkdv off, a pinned dkdv config, descriptors off, a tensor the
     copy engine cannot read (a stride-0 dO, say), not sm_90, or a head dim it was not measured faster at."""
     if not (options.gluon_dkdv and options.tma and "dkdv" not in options.pinned):
