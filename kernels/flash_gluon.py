@@ -25,7 +25,9 @@ mbarrier the copy engine signals. Two kernels run that loop:
                   PINGPONG makes the two take turns to issue their matmuls
 
 Measured on the H200 in turns with the Triton forward (docs/results/h200/flash_gluon/README.md): within
-about 10 % of it at d=128, slower at d=64, and short of cuDNN, so the suites do not use this file.
+about 10 % of it at d=128, slower at d=64, and short of cuDNN, so no launcher calls these forwards.
+Their helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too,
+whose dK/dV kernel the Triton backward launches at d=128.
 
 Same contract as kernels/flash_triton.py's forward: (Z, H, n, d) views with their own strides (unit
 stride along d, 16-byte aligned rows), causal aligned top-left, O in the input dtype, L = natural-log
