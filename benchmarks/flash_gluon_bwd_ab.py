@@ -82,12 +82,12 @@ def row_errors(grads: dict, refs: dict) -> dict:
     return out
 
 
-def triton_plan_kernels(flash_triton):
-    """(dQ, dK/dV) kernel plans of the one backward planned since the table was cleared."""
+def triton_plan(flash_triton):
+    """The one backward plan made since the table was cleared; its `kernels` are (dQ, dK/dV)."""
     plans = [plan for key, plan in flash_triton._PLANS.items() if key[0] == "bwd"]
     if len(plans) != 1 or not hasattr(plans[0], "kernels"):
         raise RuntimeError(f"expected one planned Triton backward, found {len(plans)}")
-    return plans[0].kernels
+    return plans[0]
 
 
 def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_configs: list, args) -> dict:
@@ -103,8 +103,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
     flash_triton.clear_launch_plans()
     flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)
     flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)  # planned, after autotuning
-    dq_plan, dkdv_plan = triton_plan_kernels(flash_triton)
-    bwd = flash_triton._PLANS[next(key for key in flash_triton._PLANS if key[0] == "bwd")]
+    bwd = triton_plan(flash_triton)
+    dq_plan, dkdv_plan = bwd.kernels
     dq_t, dk_t, dv_t, delta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)
     calls = {"triton_dkdv": lambda: dkdv_plan(q, k, v, do, lse, delta, dk_t, dv_t),
              "triton_dq": lambda: dq_plan(q, k, v, o, do, lse, delta, dq_t),
@@ -114,7 +114,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         flash_triton.clear_launch_plans()
         pinned = flash_triton.LaunchOptions(pinned={n: flash_triton.make_config(*c) for n, c in args.pin})
         flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal, options=pinned)
-        dq_pin, dkdv_pin = triton_plan_kernels(flash_triton)
+        dq_pin, dkdv_pin = triton_plan(flash_triton).kernels
         dq_p, dk_p, dv_p, delta_p = (torch.empty_like(t) for t in (q, k, v, lse))
         for name, _ in args.pin:
             calls[f"triton_pinned_{name}"] = ((lambda: dkdv_pin(q, k, v, do, lse, delta, dk_p, dv_p)) if name == "dkdv"

@@ -477,16 +477,18 @@ def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_war
     return None
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """Why this forward cannot take (q, k, v), or None if it can (after flash_triton's own input checks)."""
+def supported(*tensors: torch.Tensor, what: str = "the Gluon forward", names: str = "q, k and v") -> str | None:
+    """Why `what` cannot take these tensors (q first; `names` names them), or None if it can (after
+    flash_triton's own input checks): 16-bit, d in HEAD_DIMS, on sm_90, every tensor read by the copy engine."""
+    q = tensors[0]
     if q.dtype not in DTYPES:
-        return f"dtype {q.dtype}: the Gluon forward takes fp16 and bf16"
+        return f"dtype {q.dtype}: {what} takes fp16 and bf16"
     if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim {q.shape[-1]}: the Gluon forward takes {', '.join(map(str, HEAD_DIMS))}"
+        return f"head dim {q.shape[-1]}: {what} takes {', '.join(map(str, HEAD_DIMS))}"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "the Gluon forward runs on sm_90 (Hopper) only"
-    if not all(ft._tma_ready(ft._as_zhnd(t)) for t in (q, k, v)):
-        return "q, k and v need unit stride along d and 16-byte aligned rows (tensor descriptors)"
+        return f"{what} runs on sm_90 (Hopper) only"
+    if not all(ft._tma_ready(ft._as_zhnd(t)) for t in tensors):
+        return f"{names} need unit stride along d and 16-byte aligned rows (tensor descriptors)"
     return None
 
 

@@ -46,10 +46,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from kernels import flash_gluon
 from kernels import flash_triton as ft
 from kernels.flash_gluon import (
-    DTYPES,
-    HEAD_DIMS,
     _block_barrier,
     _key_tiles,
     _kv_ring,
@@ -443,15 +442,7 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config):
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
     """Why these kernels cannot take (q, k, v, dO), or None if they can (after flash_triton's own input checks)."""
-    if q.dtype not in DTYPES:
-        return f"dtype {q.dtype}: the Gluon backward takes fp16 and bf16"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim {q.shape[-1]}: the Gluon backward takes {', '.join(map(str, HEAD_DIMS))}"
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "the Gluon backward runs on sm_90 (Hopper) only"
-    if not all(ft._tma_ready(ft._as_zhnd(t)) for t in (q, k, v, do)):
-        return "q, k, v and dO need unit stride along d and 16-byte aligned rows (tensor descriptors)"
-    return None
+    return flash_gluon.supported(q, k, v, do, what="the Gluon backward", names="q, k, v and dO")
 
 
 def _check(q, k, v, do, row_stats: dict) -> None:
@@ -481,23 +472,36 @@ DQ_CONFIG = Config(64, 64, 2, 4)
 SHIPPED_DKDV = {128: DKDV_CONFIG}
 
 
+_ROW_STATS = {"dkdv": (4, 5), "dq": (5, 6)}  # where each kernel's fp32 (Z*H, n_q) tensors sit among its tensors
+
+
+def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int):
+    """Launch `kernel` (KERNELS) on its tensors in signature order ((Z, H, n, d) views and the fp32 row
+    stats) at `cfg`, in grid order `group` (flash_triton._head_group). Returns (jit function, compiled
+    kernel, runtime args, constexprs, grid): what flash_triton's launch plans are made from."""
+    q4, k4 = tensors[0], tensors[1]
+    jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg)
+    Z, H, n_q, d = q4.shape
+    n_k = k4.shape[-2]
+    strides = (x for i, t in enumerate(tensors) if i not in _ROW_STATS[kernel] for x in t.stride()[:3])
+    args = (*tensors, *strides, H, n_q, n_k, *_scales(d))
+    constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
+    tiles = triton.cdiv(n_k, cfg.block_n) if kernel == "dkdv" else triton.cdiv(n_q, cfg.block_m)
+    grid = (group, tiles, Z * H // group)
+    ft._ensure_scratch_allocator()
+    compiled = jit_fn[grid](*args, **constexprs, **options)
+    return jit_fn, compiled, args, constexprs, grid
+
+
 def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, cfg: Config = DKDV_CONFIG, head_group: int | None = None,
          out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dK, dV) shaped and typed like k and v (written into `out` if given), from q, k, v, dO, the
     forward's L and Delta = rowsum(O * dO) (both fp32, q.shape[:-1]), at a config (launch_spec)."""
     _check(q, k, v, do, {"lse": lse, "delta": delta})
-    kernel, config, options = launch_spec("dkdv", q.shape[-1], cfg)
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
     dk, dv = out if out is not None else (torch.empty_like(k), torch.empty_like(v))
-    dk4, dv4 = dk.view(k4.shape), dv.view(v4.shape)
-    Z, H = q4.shape[0], q4.shape[1]
-    group = ft._head_group(bool(is_causal), Z * H, head_group)
-    ft._ensure_scratch_allocator()
-    grid = (group, triton.cdiv(n_k, cfg.block_n), Z * H // group)
-    kernel[grid](q4, k4, v4, do4, lse, delta, dk4, dv4, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
-                 *do4.stride()[:3], *dk4.stride()[:3], *dv4.stride()[:3], H, n_q, n_k, *_scales(d),
-                 IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
+    group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
+    launch("dkdv", (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape)), is_causal, cfg, group)
     return dk, dv
 
 
@@ -508,18 +512,10 @@ def dq(q, k, v, o, do, lse, is_causal: bool = False, cfg: Config = DQ_CONFIG, he
     _check(q, k, v, do, {"lse": lse})
     if o.shape != q.shape or o.dtype != q.dtype:
         raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
-    kernel, config, options = launch_spec("dq", q.shape[-1], cfg)
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, o4, do4 = (ft._as_zhnd(t) for t in (q, k, v, o, do))
     dq_, delta = out if out is not None else (torch.empty_like(q), torch.empty_like(lse))
-    dq4 = dq_.view(q4.shape)
-    Z, H = q4.shape[0], q4.shape[1]
-    group = ft._head_group(bool(is_causal), Z * H, head_group)
-    ft._ensure_scratch_allocator()
-    grid = (group, triton.cdiv(n_q, cfg.block_m), Z * H // group)
-    kernel[grid](q4, k4, v4, o4, do4, lse, delta, dq4, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3],
-                 *o4.stride()[:3], *do4.stride()[:3], *dq4.stride()[:3], H, n_q, n_k, *_scales(d),
-                 IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
+    group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
+    launch("dq", (q4, k4, v4, o4, do4, lse, delta, dq_.view(q4.shape)), is_causal, cfg, group)
     return dq_, delta
 
 

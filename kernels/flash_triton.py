@@ -948,22 +948,16 @@ def _gluon_dkdv(q4, k4, v4, do4, options: LaunchOptions):
     return cfg
 
 
-def _launch_gluon_dkdv(cfg, args: tuple, zh: int, group: int, is_causal: bool, head_dim: int, q: torch.Tensor,
-                       want_plan: bool):
-    """Launch the Gluon dK/dV kernel at `cfg` with runtime `args` (its signature order, tensors first);
+def _launch_gluon_dkdv(cfg, tensors: tuple, group: int, is_causal: bool, q: torch.Tensor, want_plan: bool):
+    """Launch the Gluon dK/dV kernel at `cfg` on its 8 tensors (the Triton kernel's, in the same order);
     a plan for later calls as _launch returns."""
     from kernels import flash_gluon_bwd
 
-    jit_fn, constexprs, launch = flash_gluon_bwd.launch_spec("dkdv", head_dim, cfg)
-    constexprs = {"IS_CAUSAL": is_causal, "HEAD_DIM": head_dim, **constexprs}
-    n_k = args[1].shape[-2]
-    grid = (group, triton.cdiv(n_k, cfg.block_n), zh // group)
-    _ensure_scratch_allocator()
-    compiled = jit_fn[grid](*args, **constexprs, **launch)
+    jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch("dkdv", tensors, is_causal, cfg, group)
     if not want_plan:
         return None
-    return _kernel_plan(jit_fn, compiled, args, 8, constexprs, (cfg.block_m, cfg.block_n), grid, q.get_device(),
-                        scratch=True)
+    return _kernel_plan(jit_fn, compiled, args, len(tensors), constexprs, (cfg.block_m, cfg.block_n), grid,
+                        q.get_device(), scratch=True)
 
 
 def clear_launch_plans() -> None:
@@ -1072,10 +1066,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                   _grid(n_q, "BLOCK_M", Z * H, group), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
                   want_plan)
     gluon = _gluon_dkdv(q4, k4, v4, do4, options)
-    if gluon is not None:  # the Gluon kernel's strides leave out d's (unit) and its scalars the bucket
-        strides = (x for t in (q4, k4, v4, do4, dk4, dv4) for x in t.stride()[:3])
-        dkdv = _launch_gluon_dkdv(gluon, (q4, k4, v4, do4, lse, delta, dk4, dv4, *strides, *common[:-1]), Z * H,
-                                  group, is_causal, d, q, want_plan)
+    if gluon is not None:
+        dkdv = _launch_gluon_dkdv(gluon, (q4, k4, v4, do4, lse, delta, dk4, dv4), group, is_causal, q, want_plan)
     else:
         dkdv = _launch("dkdv",
                        (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),

@@ -75,3 +75,44 @@ def test_the_backward_takes_the_gluon_kernel_only_where_it_was_measured_faster(m
 def test_every_shipped_config_is_one_the_kernel_takes():
     for head_dim, cfg in gb.SHIPPED_DKDV.items():
         assert gb.config_error("dkdv", head_dim, cfg) is None
+
+
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+def test_launch_hands_each_kernel_parameter_its_value(kernel, monkeypatch):
+    # the launcher builds the runtime arguments flash_triton's launch plans replay: one per parameter
+    # of the kernel, in its order (each (Z, H, n, d) view's three leading strides, the scalars, then
+    # the constexprs by name); a fake kernel records them, since no GPU is here to run the real one
+    real, config, options = gb.launch_spec(kernel, 128, gb.DKDV_CONFIG)
+    seen = {}
+
+    class Recorder:
+        arg_names = real.arg_names
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.update(grid=grid, args=args, kwargs=kwargs)
+            return run
+
+    monkeypatch.setattr(gb, "launch_spec", lambda *a: (Recorder(), config, options))
+    # (Z, H, n, d) views with strides of their own: a transposed head axis, and contiguous ones
+    q4, k4, t4 = (torch.randn(2, n, 3, 128).transpose(1, 2) for n in (96, 160, 96))
+    v4, u4, w4 = (torch.randn(2, 3, n, 128) for n in (160, 96, 96))
+    lse, delta = torch.zeros(2, 3, 96), torch.zeros(2, 3, 96)
+    if kernel == "dkdv":  # (Q, K, V, DO, L, Delta, DK, DV); DK, DV shaped like K, V
+        tensors = (q4, k4, v4, t4, lse, delta, torch.empty_like(k4), torch.empty_like(v4))
+    else:  # (Q, K, V, O, DO, L, Delta, DQ)
+        tensors = (q4, k4, v4, t4, u4, lse, delta, w4)
+    gb.launch(kernel, tensors, True, gb.DKDV_CONFIG, 3)
+    named = dict(zip(real.arg_names, seen["args"], strict=False))
+    assert len(seen["args"]) + len(seen["kwargs"]) - len(options) == len(real.arg_names)
+    for name, t in zip(real.arg_names[:8], tensors, strict=True):
+        assert named[name] is t
+    strides = [named[name] for name in real.arg_names if name.startswith("stride_")]
+    assert strides == [x for name, t in zip(real.arg_names[:8], tensors, strict=True) if name not in ("L", "Delta")
+                       for x in t.stride()[:3]]
+    assert (named["H"], named["n_q"], named["n_k"]) == (3, 96, 160)
+    assert named["sm_scale"] == pytest.approx(128 ** -0.5) and named["qk_scale"] == pytest.approx(ft.LOG2E / 128 ** 0.5)
+    assert seen["kwargs"]["IS_CAUSAL"] is True and seen["kwargs"]["HEAD_DIM"] == 128
+    rows = 160 if kernel == "dkdv" else 96
+    block = gb.DKDV_CONFIG.block_n if kernel == "dkdv" else gb.DKDV_CONFIG.block_m
+    assert seen["grid"] == (3, -(-rows // block), 2)
