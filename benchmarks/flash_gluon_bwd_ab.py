@@ -11,6 +11,9 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
   triton_bwd                the whole Triton backward (dQ + dK/dV)
   hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
   gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
+  fused_<cfg>               the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics,
+                            dQ cast; fused_kernel_<cfg> its kernel alone, fused_probe_<cfg> that kernel with
+                            the dQ matmul but not the adds (what the adds cost)
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
 Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
@@ -90,7 +93,8 @@ def triton_plan(flash_triton):
     return plans[0]
 
 
-def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_configs: list, args) -> dict:
+def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_configs: list, args,
+                  fused_configs: tuple = ()) -> dict:
     """One shape's cell: every call's errors and CUDA-event times (module docstring)."""
     import torch
 
@@ -153,6 +157,18 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
             if dkdv_cfgs and not args.no_hybrid:
                 calls[f"gluon_bwd_{config_name(cfg)}"] = lambda cfg=cfg: gb.flash_attention_backward(
                     q, k, v, o, lse, do, causal, cfg, dkdv_cfgs[0])
+    for cfg in (gb.Config(*c) for c in fused_configs):
+        name = f"fused_{config_name(cfg)}"
+        if try_first(name, lambda cfg=cfg: dict(zip(
+                ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg), strict=True))):
+            calls[name] = lambda cfg=cfg: gb.fused_backward(q, k, v, o, lse, do, causal, cfg)
+            acc, dk, dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device), nan(k), nan(v)
+            q4, k4, v4, do4 = (flash_triton._as_zhnd(t) for t in (q, k, v, do))
+            tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc)
+            group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
+            for mode, label in (("add", "kernel"), ("probe", "probe")):  # (acc's sums are not checked)
+                calls[f"fused_{label}_{config_name(cfg)}"] = (
+                    lambda cfg=cfg, t=tensors, g=group, m=mode: gb.launch("fused", t, causal, cfg, g, m))
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
         ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))
@@ -174,11 +190,11 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                                       and not n.startswith(("gluon_dq_", "gluon_bwd_"))}
     cell["dq_speedup_vs_triton"] = {n: best["triton_dq"] / t for n, t in best.items()
                                     if n.startswith(("gluon_dq_", "triton_pinned_dq"))}
-    cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items()
-                                     if n.startswith(("hybrid_", "gluon_bwd_"))}
+    whole = ("hybrid_", "gluon_bwd_", "fused_")
+    cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items() if n.startswith(whole)}
     for backend in args.sdpa:
         cell[f"bwd_speedup_vs_sdpa_{backend}"] = {n: best[f"sdpa_{backend}"] / t for n, t in best.items()
-                                                  if n.startswith(("hybrid_", "gluon_bwd_", "triton_bwd"))}
+                                                  if n.startswith((*whole, "triton_bwd"))}
     print(shape, causal, {n: round(t, 4) for n, t in best.items()}, flush=True)
     print("  errors:", {n: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in e.items()
                             if "diff" in kk} for n, e in cell["errors"].items()}, flush=True)
@@ -196,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
                     help="also time Triton's kernel (dkdv or dq) at this config (repeatable)")
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
+    ap.add_argument("--fused-config", action="append", type=parse_config, default=[],
+                    metavar="BM,BN,STAGES,WARPS[,rN]", help="also time the fused backward at this config (repeatable)")
     add_run_args(ap)
     args = ap.parse_args(argv)
     from kernels import flash_triton
@@ -205,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     configs = args.config or CONFIGS
     report = {"kind": "flash_gluon_bwd_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
               "dq_configs": [list(c) for c in args.dq_config or DQ_CONFIGS],
+              "fused_configs": [list(c) for c in args.fused_config],
               "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "cells": []}
     for shape, causal in args.shape or SHAPES:
-        record_cell(report, measure_shape(shape, causal, configs, args.dq_config or DQ_CONFIGS, args), out)
+        record_cell(report, measure_shape(shape, causal, configs, args.dq_config or DQ_CONFIGS, args,
+                                          tuple(args.fused_config)), out)
     report["triton_autotuned"] = flash_triton.autotuned_configs()
     write_report(report, out)
     return 0

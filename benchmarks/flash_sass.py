@@ -37,7 +37,7 @@ from kernels.names import DTYPES, torch_dtype
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
 INT_ARGS = {"H", "n_q", "n_k", "seq_bucket"}
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
-FP32_TENSORS = {"L", "Delta"}
+FP32_TENSORS = {"L", "Delta", "DQ_ACC"}
 EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile
 
 
@@ -178,8 +178,8 @@ def compile_gluon(args, ap) -> int:
 def parse_gluon_bwd(text: str) -> tuple[str, tuple]:
     """"dkdv=64,64,2,4" -> ("dkdv", (64, 64, 2, 4, "overlap", None)): a Gluon backward kernel and its config."""
     kernel, _, cfg = text.partition("=")
-    if kernel not in ("dkdv", "dq"):
-        raise argparse.ArgumentTypeError(f"gluon-bwd {text!r}: want dkdv=CONFIG or dq=CONFIG")
+    if kernel not in ("dkdv", "dq", "fused"):  # kernels.flash_gluon_bwd.KERNELS (not imported: it needs Gluon)
+        raise argparse.ArgumentTypeError(f"gluon-bwd {text!r}: want dkdv=CONFIG, dq=CONFIG or fused=CONFIG")
     return kernel, parse_bwd_config(cfg)
 
 

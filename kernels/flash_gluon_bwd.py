@@ -108,12 +108,25 @@ def _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, tile, lo, n_iter, BL
 
 
 @gluon.jit
+def _add_dq(dq_base, dq_t, start_m, n_q, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, acc_layout: gl.constexpr):
+    """Add one key tile's share of query rows [start_m, start_m + BLOCK_M)'s dQ into the fp32 (n_q, HEAD_DIM)
+    accumulator at dq_base (relaxed atomics: only the sum is wanted, in no order)."""
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    ptrs = dq_base + gl.expand_dims(offs_m.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(offs_d, 0)
+    gl.atomic_add(ptrs, dq_t, mask=gl.expand_dims(offs_m < n_q, 1), sem="relaxed")
+
+
+@gluon.jit
 def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
-          delta_base, lo, n_q, n_iter, start_n, qk_scale, MASKED: gl.constexpr, ORDER: gl.constexpr,
-          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-          st_layout: gl.constexpr, op_layout: gl.constexpr):
+          delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, MASKED: gl.constexpr,
+          ORDER: gl.constexpr, DQ_MODE: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, st_layout: gl.constexpr,
+          op_layout: gl.constexpr, acc_layout: gl.constexpr):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
-    ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta)."""
+    ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 (the fused
+    backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
+    accumulator at dq_base; 2 computes it and adds nothing (a probe that prices the adds)."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -132,9 +145,22 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T done; dV may still run
-        ds_op = gl.convert_layout((pt * dpt).to(dtype), op_layout)
+        ds = (pt * dpt).to(dtype)
+        ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-        dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+        if DQ_MODE == 0:
+            dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+        else:
+            # dQ(t) = dS K: dS^T through shared memory (the tile before's dQ matmul has finished), read
+            # transposed as the A operand; K is already there
+            ds_smem.store(ds)
+            fence_async_shared()
+            _block_barrier()
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+            dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
+            if DQ_MODE == 1:
+                _add_dq(dq_base, dq_t, start_m, n_q, BLOCK_M, HEAD_DIM, acc_layout)
         _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
     elif ORDER == 1:
         # dK's matmul of the tile before is issued behind this tile's S^T and dP^T, so it runs
@@ -170,17 +196,18 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
 
 
 @gluon.jit
-def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
-                 stride_qz, stride_qh, stride_qm,
-                 stride_kz, stride_kh, stride_kn,
-                 stride_vz, stride_vh, stride_vn,
-                 stride_doz, stride_doh, stride_dom,
-                 stride_dkz, stride_dkh, stride_dkn,
-                 stride_dvz, stride_dvh, stride_dvn,
-                 H, n_q, n_k, sm_scale, qk_scale,
-                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr):
-    # the Triton kernels' grid (G, tiles, ZH / G); causal key tile 0 sees the most queries
+def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
+                  stride_qz, stride_qh, stride_qm,
+                  stride_kz, stride_kh, stride_kn,
+                  stride_vz, stride_vh, stride_vn,
+                  stride_doz, stride_doh, stride_dom,
+                  stride_dkz, stride_dkh, stride_dkn,
+                  stride_dvz, stride_dvh, stride_dvn,
+                  H, n_q, n_k, sm_scale, qk_scale,
+                  IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, DQ_MODE: gl.constexpr):
+    """One key tile's dK and dV (and with DQ_MODE its share of every query tile's dQ, into DQ_ACC: fp32
+    (Z*H, n_q, HEAD_DIM), contiguous), for _dkdv_kernel and _fused_kernel."""
     pid_n = gl.program_id(1)
     pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
     z = pid_zh // H
@@ -203,6 +230,12 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if DQ_MODE > 0:  # dS^T for the fused kernel's dQ matmul (a token tile otherwise)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M],
+                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    else:
+        ds_smem = gl.allocate_shared_memory(dtype, [16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], dtype))
+    dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -237,13 +270,13 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     for t in range(0, n_diag):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
-            delta_base, lo, n_q, n_iter, start_n, qk_scale, True, ORDER, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS,
-            st_layout, op_layout)
+            delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, True, ORDER, DQ_MODE, HEAD_DIM, BLOCK_M,
+            BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, acc_layout)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
-            delta_base, lo, n_q, n_iter, start_n, qk_scale, False, ORDER, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS,
-            st_layout, op_layout)
+            delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, False, ORDER, DQ_MODE, HEAD_DIM, BLOCK_M,
+            BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, acc_layout)
     if ORDER == 1:
         if n_iter > 0:  # the last tile's dK
             dk = warpgroup_mma(ds_op, q_smem.index(prev), dk)
@@ -263,6 +296,45 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     tma.async_copy_shared_to_global(dk_desc, [start_n, 0], k_smem)
     tma.async_copy_shared_to_global(dv_desc, [start_n, 0], v_smem)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
+                 stride_qz, stride_qh, stride_qm,
+                 stride_kz, stride_kh, stride_kn,
+                 stride_vz, stride_vh, stride_vn,
+                 stride_doz, stride_doh, stride_dom,
+                 stride_dkz, stride_dkh, stride_dkn,
+                 stride_dvz, stride_dvh, stride_dvn,
+                 H, n_q, n_k, sm_scale, qk_scale,
+                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr):
+    # the Triton kernels' grid (G, tiles, ZH / G); causal key tile 0 sees the most queries
+    _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DK,
+                  stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+                  stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
+                  stride_dvn, H, n_q, n_k, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                  NUM_WARPS, ORDER, 0)
+
+
+@gluon.jit
+def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
+                  stride_qz, stride_qh, stride_qm,
+                  stride_kz, stride_kh, stride_kn,
+                  stride_vz, stride_vh, stride_vn,
+                  stride_doz, stride_doh, stride_dom,
+                  stride_dkz, stride_dkh, stride_dkn,
+                  stride_dvz, stride_dvh, stride_dvn,
+                  H, n_q, n_k, sm_scale, qk_scale,
+                  IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, DQ_MODE: gl.constexpr):
+    # the dK/dV kernel that also adds dS K into DQ_ACC (fp32 (Z*H, n_q, HEAD_DIM), zeroed before): five
+    # matmuls a tile pair where the split backward's two kernels do seven
+    _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
+                  stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+                  stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
+                  stride_dvn, H, n_q, n_k, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                  NUM_WARPS, 0, DQ_MODE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -397,15 +469,21 @@ class Config(NamedTuple):
     maxnreg: int | None = None
 
 
-KERNELS = ("dkdv", "dq")
+KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp32 dQ (_fused_kernel)
+DQ_MODES = ("add", "probe")  # the fused kernel's dQ: added by atomics, or computed and not added (to price the adds)
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str | None:
     """Why `cfg` cannot run in `kernel` (KERNELS) at this head dim, or None if it can."""
-    rows, step = (cfg.block_n, cfg.block_m) if kernel == "dkdv" else (cfg.block_m, cfg.block_n)
-    rows_name, step_name = ("block_n", "block_m") if kernel == "dkdv" else ("block_m", "block_n")
-    if cfg.order not in ORDERS or (kernel == "dq" and cfg.order == "defer"):
-        return f"order {cfg.order!r}: one of {', '.join(o for o in ORDERS if kernel == 'dkdv' or o != 'defer')}"
+    keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
+    rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
+    rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
+    orders = {"dkdv": ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap",)}[kernel]
+    if cfg.order not in orders:
+        return f"order {cfg.order!r}: one of {', '.join(orders)}"
+    if kernel == "fused" and (cfg.num_warps != 4 or cfg.block_m % 64):
+        return (f"fused at {cfg.block_m} queries a step, {cfg.num_warps} warps: the fused kernel's dQ matmul wants "
+                "one warpgroup (4 warps) and block_m a multiple of 64")
     if cfg.num_warps not in (4, 8):
         return f"num_warps {cfg.num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
     if rows % (16 * cfg.num_warps) or rows > 256:
@@ -417,13 +495,13 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
                 "deferred order (which keeps the tile before in its slot)")
     if cfg.maxnreg is not None and not 24 <= cfg.maxnreg <= 255:
         return f"maxnreg {cfg.maxnreg}: 24 to 255 registers a thread"
-    smem = (2 * rows + 2 * cfg.stages * step) * head_dim * elem
+    smem = (2 * rows + 2 * cfg.stages * step) * head_dim * elem + (rows * step * elem if kernel == "fused" else 0)
     if smem > ft.SMEM_BUDGET:
         return f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots, over {ft.SMEM_BUDGET}"
     return None
 
 
-def launch_spec(kernel: str, head_dim: int, cfg: Config):
+def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     """(kernel, its config's constexprs, launch options) for `kernel` (KERNELS) at `cfg`, or ValueError
     naming what is wrong with them."""
     if kernel not in KERNELS:
@@ -437,6 +515,10 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config):
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, NUM_WARPS=cfg.num_warps)
     if kernel == "dkdv":
         return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(cfg.order)}, options
+    if kernel == "fused":
+        if dq_mode not in DQ_MODES:
+            raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
+        return _fused_kernel, {**constexprs, "DQ_MODE": 1 + DQ_MODES.index(dq_mode)}, options
     return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
 
 
@@ -472,21 +554,23 @@ DQ_CONFIG = Config(64, 64, 2, 4)
 SHIPPED_DKDV = {128: DKDV_CONFIG}
 
 
-_ROW_STATS = {"dkdv": (4, 5), "dq": (5, 6)}  # where each kernel's fp32 (Z*H, n_q) tensors sit among its tensors
+# where each kernel's tensors without strides sit among its tensors: the fp32 (Z*H, n_q) row stats, and the
+# fused kernel's contiguous fp32 dQ accumulator
+_UNSTRIDED = {"dkdv": (4, 5), "dq": (5, 6), "fused": (4, 5, 8)}
 
 
-def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int):
+def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int, dq_mode: str = "add"):
     """Launch `kernel` (KERNELS) on its tensors in signature order ((Z, H, n, d) views and the fp32 row
     stats) at `cfg`, in grid order `group` (flash_triton._head_group). Returns (jit function, compiled
     kernel, runtime args, constexprs, grid): what flash_triton's launch plans are made from."""
     q4, k4 = tensors[0], tensors[1]
-    jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg)
+    jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg, dq_mode)
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[-2]
-    strides = (x for i, t in enumerate(tensors) if i not in _ROW_STATS[kernel] for x in t.stride()[:3])
+    strides = (x for i, t in enumerate(tensors) if i not in _UNSTRIDED[kernel] for x in t.stride()[:3])
     args = (*tensors, *strides, H, n_q, n_k, *_scales(d))
     constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
-    tiles = triton.cdiv(n_k, cfg.block_n) if kernel == "dkdv" else triton.cdiv(n_q, cfg.block_m)
+    tiles = triton.cdiv(n_q, cfg.block_m) if kernel == "dq" else triton.cdiv(n_k, cfg.block_n)
     grid = (group, tiles, Z * H // group)
     ft._ensure_scratch_allocator()
     compiled = jit_fn[grid](*args, **constexprs, **options)
@@ -526,3 +610,24 @@ def flash_attention_backward(q, k, v, o, lse, do, is_causal: bool = False, dq_cf
     dq_, delta = dq(q, k, v, o, do, lse, is_causal, dq_cfg, head_group)
     dk, dv = dkdv(q, k, v, do, lse, delta, is_causal, dkdv_cfg, head_group)
     return dq_, dk, dv
+
+
+FUSED_CONFIG = Config(64, 64, 2, 4)
+
+
+def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = FUSED_CONFIG,
+                   head_group: int | None = None, dq_mode: str = "add"):
+    """(dQ, dK, dV) from one fused kernel (_fused_kernel): Delta = rowsum(O * dO) by torch first, dQ added in
+    fp32 by every key tile's program, then scaled and cast. An experiment beside the split backward
+    (docs/results/h200/flash_gluon_bwd/); dq_mode "probe" leaves dQ zero (DQ_MODES)."""
+    _check(q, k, v, do, {"lse": lse})
+    if o.shape != q.shape or o.dtype != q.dtype:
+        raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
+    delta = (o.float() * do.float()).sum(-1)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
+    launch("fused", (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), dq_acc), is_causal, cfg,
+           group, dq_mode)
+    return (dq_acc * _scales(q.shape[-1])[0]).to(q.dtype), dk, dv

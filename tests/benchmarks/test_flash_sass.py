@@ -117,5 +117,19 @@ def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(
     r = _run("--gluon-bwd", "dkdv=64,64,2,4", "--head-dim", "96", "--out", str(tmp_path / "b"))
     assert r.returncode == 2 and "head dim 64 or 128" in r.stderr
     r = _run("--gluon-bwd", "dv=64,64,2,4", "--out", str(tmp_path / "c"))
-    assert r.returncode == 2 and "dkdv=CONFIG or dq=CONFIG" in r.stderr
-    assert not any((tmp_path / d).exists() for d in "abc")
+    assert r.returncode == 2 and "dkdv=CONFIG, dq=CONFIG or fused=CONFIG" in r.stderr
+    r = _run("--gluon-bwd", "fused=64,64,2,8", "--head-dim", "64", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and "one warpgroup (4 warps)" in r.stderr
+    assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_the_fused_kernel_issues_dq_beside_dk_and_adds_it_in_fp32(tmp_path):
+    r = _run("--gluon-bwd", "fused=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_fused_64x64x2x4_d64.json").read_text())
+    for loop in report["loops"]:  # the dK/dV kernel's overlap order, with dQ's matmul issued beside dK's
+        assert loop == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1", "dot:dk_tok",
+                        "dot:dq_tok", "wait:0"], loop
+    adds = ("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")
+    atomics = {op: n for op, n in report["sass_ops"].items() if op.startswith(adds)}
+    assert atomics and all(".F32" in op for op in atomics), atomics  # fp32 adds (F32 or F32x2), never bf16
