@@ -11,9 +11,9 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
   triton_bwd                the whole Triton backward (dQ + dK/dV)
   hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
   gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
-  fused_<cfg>               the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics,
-                            dQ cast; fused_kernel_<cfg> its kernel alone, fused_probe_<cfg> that kernel with
-                            the dQ matmul but not the adds (what the adds cost)
+  fused_<cfg>[_red]         the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics
+                            (atom, or with _red red), dQ cast; fused_kernel_<cfg>[_red] its kernel alone, and
+                            fused_probe_<cfg> the red kernel adding no row (what the adds' traffic costs)
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
 Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
@@ -158,17 +158,19 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                 calls[f"gluon_bwd_{config_name(cfg)}"] = lambda cfg=cfg: gb.flash_attention_backward(
                     q, k, v, o, lse, do, causal, cfg, dkdv_cfgs[0])
     for cfg in (gb.Config(*c) for c in fused_configs):
-        name = f"fused_{config_name(cfg)}"
-        if try_first(name, lambda cfg=cfg: dict(zip(
-                ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg), strict=True))):
-            calls[name] = lambda cfg=cfg: gb.fused_backward(q, k, v, o, lse, do, causal, cfg)
-            acc, dk, dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device), nan(k), nan(v)
-            q4, k4, v4, do4 = (flash_triton._as_zhnd(t) for t in (q, k, v, do))
-            tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc)
-            group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
-            for mode, label in (("add", "kernel"), ("probe", "probe")):  # (acc's sums are not checked)
-                calls[f"fused_{label}_{config_name(cfg)}"] = (
+        acc, dk, dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device), nan(k), nan(v)
+        q4, k4, v4, do4 = (flash_triton._as_zhnd(t) for t in (q, k, v, do))
+        tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc)
+        group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
+        for mode in ("add", "red"):  # the whole backward, checked, then its kernel alone (acc's sums unchecked)
+            name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}")
+            if try_first(name, lambda cfg=cfg, m=mode: dict(zip(
+                    ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m), strict=True))):
+                calls[name] = lambda cfg=cfg, m=mode: gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m)
+                calls[name.replace("fused_", "fused_kernel_", 1)] = (
                     lambda cfg=cfg, t=tensors, g=group, m=mode: gb.launch("fused", t, causal, cfg, g, m))
+        calls[f"fused_probe_{config_name(cfg)}"] = (
+            lambda cfg=cfg, t=tensors, g=group: gb.launch("fused", t, causal, cfg, g, "probe"))
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
         ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))

@@ -35,7 +35,7 @@ from benchmarks.flash_gluon_bwd_ab import parse_config as parse_bwd_config
 from kernels.names import DTYPES, torch_dtype
 
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
-INT_ARGS = {"H", "n_q", "n_k", "seq_bucket"}
+INT_ARGS = {"H", "n_q", "n_k", "dq_rows", "seq_bucket"}
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
 FP32_TENSORS = {"L", "Delta", "DQ_ACC"}
 EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile

@@ -108,25 +108,39 @@ def _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, tile, lo, n_iter, BL
 
 
 @gluon.jit
-def _add_dq(dq_base, dq_t, start_m, n_q, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, acc_layout: gl.constexpr):
+def _add_dq(dq_base, dq_t, start_m, dq_rows, RED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+            dq_layout: gl.constexpr):
     """Add one key tile's share of query rows [start_m, start_m + BLOCK_M)'s dQ into the fp32 (n_q, HEAD_DIM)
-    accumulator at dq_base (relaxed atomics: only the sum is wanted, in no order)."""
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    accumulator at dq_base, rows below dq_rows only (0 adds nothing: the probe). Relaxed atomics, since
+    only the sum is wanted: Triton's atomic_add (an atom.add that returns the old values), or with RED a
+    red.add, which returns nothing."""
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
     ptrs = dq_base + gl.expand_dims(offs_m.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(offs_d, 0)
-    gl.atomic_add(ptrs, dq_t, mask=gl.expand_dims(offs_m < n_q, 1), sem="relaxed")
+    row_ok = gl.expand_dims(offs_m < dq_rows, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0)  # (BLOCK_M, HEAD_DIM)
+    if RED:
+        # pack=2: each asm takes two neighbouring elements of a thread, which in the wgmma accumulator
+        # layout are columns c and c+1 of one row, 8 bytes apart: one v2 add. $0 $1 out, $2 $3 the
+        # addresses, $4 $5 the row masks, $6 $7 the values.
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $4, 0; @p red.relaxed.gpu.global.add.v2.f32 [$2], {$6, $7}; "
+            "mov.b32 $0, 0; mov.b32 $1, 0; }",
+            "=r,=r,l,l,r,r,f,f", [ptrs.to(gl.int64), row_ok.to(gl.int32), dq_t], dtype=gl.int32,
+            is_pure=False, pack=2)
+    else:
+        gl.atomic_add(ptrs, dq_t, mask=row_ok, sem="relaxed")
 
 
 @gluon.jit
 def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
-          delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, MASKED: gl.constexpr,
+          delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, MASKED: gl.constexpr,
           ORDER: gl.constexpr, DQ_MODE: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, st_layout: gl.constexpr,
-          op_layout: gl.constexpr, acc_layout: gl.constexpr):
+          op_layout: gl.constexpr, dq_layout: gl.constexpr):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
-    ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 (the fused
-    backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
-    accumulator at dq_base; 2 computes it and adds nothing (a probe that prices the adds)."""
+    ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
+    fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
+    accumulator at dq_base (_add_dq: 1 by atom, 2 by red)."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -156,11 +170,10 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             ds_smem.store(ds)
             fence_async_shared()
             _block_barrier()
-            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
             dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
-            if DQ_MODE == 1:
-                _add_dq(dq_base, dq_t, start_m, n_q, BLOCK_M, HEAD_DIM, acc_layout)
+            _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
         _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
     elif ORDER == 1:
         # dK's matmul of the tile before is issued behind this tile's S^T and dP^T, so it runs
@@ -203,7 +216,7 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_doz, stride_doh, stride_dom,
                   stride_dkz, stride_dkh, stride_dkn,
                   stride_dvz, stride_dvh, stride_dvn,
-                  H, n_q, n_k, sm_scale, qk_scale,
+                  H, n_q, n_k, dq_rows, sm_scale, qk_scale,
                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, DQ_MODE: gl.constexpr):
     """One key tile's dK and dV (and with DQ_MODE its share of every query tile's dQ, into DQ_ACC: fp32
@@ -216,6 +229,12 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     dtype: gl.constexpr = Q.dtype.element_ty
     st_layout: gl.constexpr = _mma_layout(NUM_WARPS, BLOCK_M)    # S^T, dP^T: (BLOCK_N, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(NUM_WARPS, HEAD_DIM)  # dK, dV: (BLOCK_N, HEAD_DIM)
+    # the fused dQ tile (BLOCK_M, HEAD_DIM): one warpgroup's rows; with two, each takes half the columns
+    if NUM_WARPS == 4:
+        dq_layout: gl.constexpr = acc_layout
+    else:
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
+                                                            instr_shape=[16, HEAD_DIM * 4 // NUM_WARPS, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
@@ -270,13 +289,13 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     for t in range(0, n_diag):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
-            delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, True, ORDER, DQ_MODE, HEAD_DIM, BLOCK_M,
-            BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, acc_layout)
+            delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, True, ORDER, DQ_MODE,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
-            delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, False, ORDER, DQ_MODE, HEAD_DIM, BLOCK_M,
-            BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, acc_layout)
+            delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, False, ORDER, DQ_MODE,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
     if ORDER == 1:
         if n_iter > 0:  # the last tile's dK
             dk = warpgroup_mma(ds_op, q_smem.index(prev), dk)
@@ -313,7 +332,7 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DK,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
-                  stride_dvn, H, n_q, n_k, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                  stride_dvn, H, n_q, n_k, n_q, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                   NUM_WARPS, ORDER, 0)
 
 
@@ -325,16 +344,17 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_doz, stride_doh, stride_dom,
                   stride_dkz, stride_dkh, stride_dkn,
                   stride_dvz, stride_dvh, stride_dvn,
-                  H, n_q, n_k, sm_scale, qk_scale,
+                  H, n_q, n_k, dq_rows, sm_scale, qk_scale,
                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, DQ_MODE: gl.constexpr):
     # the dK/dV kernel that also adds dS K into DQ_ACC (fp32 (Z*H, n_q, HEAD_DIM), zeroed before): five
-    # matmuls a tile pair where the split backward's two kernels do seven
+    # matmuls a tile pair where the split backward's two kernels do seven. dq_rows = n_q adds every
+    # row; 0 adds none, while the matmul and the atomics' addresses are still computed (the probe)
     _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
-                  stride_dvn, H, n_q, n_k, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                  NUM_WARPS, 0, DQ_MODE)
+                  stride_dvn, H, n_q, n_k, dq_rows, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                  STAGES, NUM_WARPS, 0, DQ_MODE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -470,7 +490,9 @@ class Config(NamedTuple):
 
 
 KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp32 dQ (_fused_kernel)
-DQ_MODES = ("add", "probe")  # the fused kernel's dQ: added by atomics, or computed and not added (to price the adds)
+# the fused kernel's dQ: added by atom (Triton's atomic_add), by red (inline PTX, nothing returned), or the red
+# kernel with no row added (to price the adds' traffic)
+DQ_MODES = ("add", "red", "probe")
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str | None:
@@ -481,9 +503,8 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     orders = {"dkdv": ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap",)}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
-    if kernel == "fused" and (cfg.num_warps != 4 or cfg.block_m % 64):
-        return (f"fused at {cfg.block_m} queries a step, {cfg.num_warps} warps: the fused kernel's dQ matmul wants "
-                "one warpgroup (4 warps) and block_m a multiple of 64")
+    if kernel == "fused" and cfg.block_m != 64:
+        return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
         return f"num_warps {cfg.num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
     if rows % (16 * cfg.num_warps) or rows > 256:
@@ -518,7 +539,7 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     if kernel == "fused":
         if dq_mode not in DQ_MODES:
             raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-        return _fused_kernel, {**constexprs, "DQ_MODE": 1 + DQ_MODES.index(dq_mode)}, options
+        return _fused_kernel, {**constexprs, "DQ_MODE": 1 if dq_mode == "add" else 2}, options
     return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
 
 
@@ -568,7 +589,8 @@ def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[-2]
     strides = (x for i, t in enumerate(tensors) if i not in _UNSTRIDED[kernel] for x in t.stride()[:3])
-    args = (*tensors, *strides, H, n_q, n_k, *_scales(d))
+    dq_rows = (0 if dq_mode == "probe" else n_q,) if kernel == "fused" else ()
+    args = (*tensors, *strides, H, n_q, n_k, *dq_rows, *_scales(d))
     constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
     tiles = triton.cdiv(n_q, cfg.block_m) if kernel == "dq" else triton.cdiv(n_k, cfg.block_n)
     grid = (group, tiles, Z * H // group)

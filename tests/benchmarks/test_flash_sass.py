@@ -118,8 +118,8 @@ def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(
     assert r.returncode == 2 and "head dim 64 or 128" in r.stderr
     r = _run("--gluon-bwd", "dv=64,64,2,4", "--out", str(tmp_path / "c"))
     assert r.returncode == 2 and "dkdv=CONFIG, dq=CONFIG or fused=CONFIG" in r.stderr
-    r = _run("--gluon-bwd", "fused=64,64,2,8", "--head-dim", "64", "--out", str(tmp_path / "d"))
-    assert r.returncode == 2 and "one warpgroup (4 warps)" in r.stderr
+    r = _run("--gluon-bwd", "fused=32,64,2,4", "--head-dim", "64", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and "64 query rows" in r.stderr
     assert not any((tmp_path / d).exists() for d in "abcd")
 
 
