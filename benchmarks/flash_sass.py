@@ -12,7 +12,7 @@ time: does a change keep a matmul in flight, add a barrier, or cost registers?
     python -m benchmarks.flash_sass --gluon 64,64,3,4 --head-dim 128 --causal --out sass
 
 `--gluon BM,BN,STAGES,WARPS[,plain|,ws|,pingpong]` compiles the Gluon forward (kernels/flash_gluon.py) instead, in
-benchmarks/flash_gluon_ab.py's config order; `--gluon-bwd dkdv=BM,BN,STAGES,WARPS[,ORDER][,rN]` (or dq=...)
+benchmarks/flash_gluon_ab.py's config order; `--gluon-bwd dkdv=BM,BN,STAGES,WARPS[,ORDER][,rN]` (or dq=..., fused=...)
 one of the Gluon backward kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's.
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,

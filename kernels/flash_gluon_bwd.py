@@ -1,5 +1,5 @@
-"""The dK/dV half of FlashAttention-2's backward in Gluon for Hopper (sm_90): an experiment beside
-kernels/flash_triton.py's _bwd_dkdv_kernel, with the same inputs and outputs.
+"""FlashAttention-2's backward kernels in Gluon for Hopper (sm_90) beside kernels/flash_triton.py's, with the
+same inputs and outputs: dK/dV (which flash_triton's backward launches at d=128), dQ, and a fused one.
 
 Why. In Triton 3.6 a dK/dV program waits for each score matmul before it can do anything else: S^T
 and dP^T are issued one after the other, each waited for at once, so the exp2 of P^T and the product
@@ -22,6 +22,11 @@ the next in Gluon (its type differs from a tensor's), so each step ends with eve
 "defer" order (ORDERS) gets around that: tile t's dK matmul is issued at step t+1, behind S^T and
 dP^T, so it runs while the warps compute P^T; the slot it reads is refilled one step later, so it
 needs three slots. "plain" issues and waits for each matmul in turn, for comparison.
+
+_fused_kernel is a study (docs/results/h200/flash_gluon_bwd/README.md, not used by flash_triton): the
+same program also computes dQ(t) = dS K beside dK's matmul (dS^T through shared memory) and adds it
+into an fp32 accumulator, by Triton's atomic_add or by a red.add through inline PTX (DQ_MODES):
+five matmuls a tile pair where the split backward does seven. On the H200 it ran slower.
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and

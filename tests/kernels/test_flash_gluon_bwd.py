@@ -13,6 +13,7 @@ from kernels import flash_triton as ft
 @pytest.mark.parametrize(("kernel", "head_dim", "cfg"), [
     ("dkdv", 128, gb.Config(64, 64, 2, 4)), ("dkdv", 64, gb.Config(64, 64, 3, 4, "defer", 168)),
     ("dkdv", 64, gb.Config(32, 128, 2, 8)), ("dq", 64, gb.Config(128, 64, 2, 8)), ("dq", 128, gb.Config(64, 32, 3, 4)),
+    ("fused", 64, gb.Config(64, 64, 2, 4, maxnreg=168)), ("fused", 64, gb.Config(64, 128, 2, 8)),
 ])
 def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     assert gb.config_error(kernel, head_dim, cfg) is None
@@ -29,6 +30,9 @@ def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     ("dkdv", gb.Config(64, 64, 2, 4, "fast"), "order 'fast'"),
     ("dkdv", gb.Config(64, 64, 2, 4, maxnreg=300), "maxnreg 300"),
     ("dkdv", gb.Config(64, 256, 3, 8), "229376 bytes"),         # K, V and three slots at d=128: over the budget
+    ("fused", gb.Config(32, 64, 2, 4), "block_m 32"),           # the dQ tile is one warpgroup's 64 query rows
+    ("fused", gb.Config(64, 64, 2, 4, "plain"), "order 'plain'"),  # the overlap order only
+    ("fused", gb.Config(64, 256, 2, 8), "229376 bytes"),        # dS^T counts too (dK/dV takes this: 196608)
 ])
 def test_bad_configs_are_named(kernel, cfg, named):
     why = gb.config_error(kernel, 128, cfg)
@@ -40,6 +44,8 @@ def test_bad_configs_are_named(kernel, cfg, named):
 def test_an_unknown_kernel_is_named():
     with pytest.raises(ValueError, match="kernel 'dv'"):
         gb.launch_spec("dv", 128, gb.DKDV_CONFIG)
+    with pytest.raises(ValueError, match="dq_mode 'fast'"):
+        gb.launch_spec("fused", 64, gb.FUSED_CONFIG, "fast")
 
 
 def test_the_launchers_check_before_they_launch():
@@ -77,8 +83,8 @@ def test_every_shipped_config_is_one_the_kernel_takes():
         assert gb.config_error("dkdv", head_dim, cfg) is None
 
 
-@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
-def test_launch_hands_each_kernel_parameter_its_value(kernel, monkeypatch):
+@pytest.mark.parametrize(("kernel", "dq_mode"), [("dkdv", "add"), ("dq", "add"), ("fused", "red"), ("fused", "probe")])
+def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, monkeypatch):
     # the launcher builds the runtime arguments flash_triton's launch plans replay: one per parameter
     # of the kernel, in its order (each (Z, H, n, d) view's three leading strides, the scalars, then
     # the constexprs by name); a fake kernel records them, since no GPU is here to run the real one
@@ -98,21 +104,24 @@ def test_launch_hands_each_kernel_parameter_its_value(kernel, monkeypatch):
     q4, k4, t4 = (torch.randn(2, n, 3, 128).transpose(1, 2) for n in (96, 160, 96))
     v4, u4, w4 = (torch.randn(2, 3, n, 128) for n in (160, 96, 96))
     lse, delta = torch.zeros(2, 3, 96), torch.zeros(2, 3, 96)
-    if kernel == "dkdv":  # (Q, K, V, DO, L, Delta, DK, DV); DK, DV shaped like K, V
+    if kernel != "dq":  # (Q, K, V, DO, L, Delta, DK, DV); DK, DV shaped like K, V; fused: + the fp32 DQ_ACC
         tensors = (q4, k4, v4, t4, lse, delta, torch.empty_like(k4), torch.empty_like(v4))
+        tensors += (torch.zeros(2, 3, 96, 128),) if kernel == "fused" else ()
     else:  # (Q, K, V, O, DO, L, Delta, DQ)
         tensors = (q4, k4, v4, t4, u4, lse, delta, w4)
-    gb.launch(kernel, tensors, True, gb.DKDV_CONFIG, 3)
+    gb.launch(kernel, tensors, True, gb.DKDV_CONFIG, 3, dq_mode)
     named = dict(zip(real.arg_names, seen["args"], strict=False))
     assert len(seen["args"]) + len(seen["kwargs"]) - len(options) == len(real.arg_names)
-    for name, t in zip(real.arg_names[:8], tensors, strict=True):
+    for name, t in zip(real.arg_names[:len(tensors)], tensors, strict=True):
         assert named[name] is t
     strides = [named[name] for name in real.arg_names if name.startswith("stride_")]
-    assert strides == [x for name, t in zip(real.arg_names[:8], tensors, strict=True) if name not in ("L", "Delta")
-                       for x in t.stride()[:3]]
+    assert strides == [x for name, t in zip(real.arg_names[:len(tensors)], tensors, strict=True)
+                       if name not in ("L", "Delta", "DQ_ACC") for x in t.stride()[:3]]
     assert (named["H"], named["n_q"], named["n_k"]) == (3, 96, 160)
+    if kernel == "fused":  # the rows whose dQ is added: all, or none for the probe
+        assert named["dq_rows"] == (0 if dq_mode == "probe" else 96)
     assert named["sm_scale"] == pytest.approx(128 ** -0.5) and named["qk_scale"] == pytest.approx(ft.LOG2E / 128 ** 0.5)
     assert seen["kwargs"]["IS_CAUSAL"] is True and seen["kwargs"]["HEAD_DIM"] == 128
-    rows = 160 if kernel == "dkdv" else 96
-    block = gb.DKDV_CONFIG.block_n if kernel == "dkdv" else gb.DKDV_CONFIG.block_m
+    rows = 96 if kernel == "dq" else 160
+    block = gb.DKDV_CONFIG.block_m if kernel == "dq" else gb.DKDV_CONFIG.block_n
     assert seen["grid"] == (3, -(-rows // block), 2)
