@@ -139,13 +139,14 @@ def _add_dq(dq_base, dq_t, start_m, dq_rows, RED: gl.constexpr, BLOCK_M: gl.cons
 @gluon.jit
 def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
           delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, MASKED: gl.constexpr,
-          ORDER: gl.constexpr, DQ_MODE: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, st_layout: gl.constexpr,
-          op_layout: gl.constexpr, dq_layout: gl.constexpr):
+          ORDER: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr, HEAD_DIM: gl.constexpr,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+          st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
-    accumulator at dq_base (_add_dq: 1 by atom, 2 by red)."""
+    accumulator at dq_base (_add_dq: 1 by atom, 2 by red); with DQ_DEFER it issues the tile before's dQ
+    matmul behind this tile's scores and leaves this tile's dS^T in shared memory for the next step."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -157,17 +158,29 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     if ORDER == 0:
         st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
+        if DQ_DEFER:  # the tile before's dQ, from its dS^T left in shared memory, behind this tile's scores
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
         lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
-        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T done; dP^T may still run
+        st = warpgroup_mma_wait(1 + DQ_DEFER, deps=[st_tok])  # S^T done; dP^T (and dQ) may still run
         pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
                             BLOCK_N, st_layout)
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T done; dV may still run
+        dpt = warpgroup_mma_wait(1 + DQ_DEFER, deps=[dpt_tok])  # dP^T done; dV (and dQ) may still run
         ds = (pt * dpt).to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-        if DQ_MODE == 0:
+        if DQ_DEFER:
+            dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
+            if t > 0:
+                _add_dq(dq_base, dq_t, start_m - BLOCK_M, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
+            if NUM_WARPS > 4:  # the other warpgroup's dQ matmul read all of dS^T
+                _block_barrier()
+            ds_smem.store(ds)  # for the next step's dQ matmul (or the one after the loop)
+            fence_async_shared()
+            _block_barrier()
+        elif DQ_MODE == 0:
             dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
             # dQ(t) = dS K: dS^T through shared memory (the tile before's dQ matmul has finished), read
@@ -223,7 +236,8 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_dvz, stride_dvh, stride_dvn,
                   H, n_q, n_k, dq_rows, sm_scale, qk_scale,
                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, DQ_MODE: gl.constexpr):
+                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, DQ_MODE: gl.constexpr,
+                  DQ_DEFER: gl.constexpr):
     """One key tile's dK and dV (and with DQ_MODE its share of every query tile's dQ, into DQ_ACC: fp32
     (Z*H, n_q, HEAD_DIM), contiguous), for _dkdv_kernel and _fused_kernel."""
     pid_n = gl.program_id(1)
@@ -295,15 +309,20 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, True, ORDER, DQ_MODE,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
+            DQ_DEFER, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, False, ORDER, DQ_MODE,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
+            DQ_DEFER, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
     if ORDER == 1:
         if n_iter > 0:  # the last tile's dK
             dk = warpgroup_mma(ds_op, q_smem.index(prev), dk)
+    if DQ_DEFER:
+        if n_iter > 0:  # the last tile's dQ
+            dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                                 use_acc=False)
+            _add_dq(dq_base, dq_t, lo + (n_iter - 1) * BLOCK_M, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
@@ -338,7 +357,7 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
                   stride_dvn, H, n_q, n_k, n_q, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                  NUM_WARPS, ORDER, 0)
+                  NUM_WARPS, ORDER, 0, False)
 
 
 @gluon.jit
@@ -351,15 +370,17 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_dvz, stride_dvh, stride_dvn,
                   H, n_q, n_k, dq_rows, sm_scale, qk_scale,
                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, DQ_MODE: gl.constexpr):
+                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr):
     # the dK/dV kernel that also adds dS K into DQ_ACC (fp32 (Z*H, n_q, HEAD_DIM), zeroed before): five
     # matmuls a tile pair where the split backward's two kernels do seven. dq_rows = n_q adds every
-    # row; 0 adds none, while the matmul and the atomics' addresses are still computed (the probe)
+    # row; 0 adds none, while the matmul and the atomics' addresses are still computed (the probe).
+    # DQ_DEFER (order "defer"): tile t's dQ matmul is issued at step t+1 behind the scores, so it runs
+    # while the warps compute P^T
     _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
                   stride_dvn, H, n_q, n_k, dq_rows, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                  STAGES, NUM_WARPS, 0, DQ_MODE)
+                  STAGES, NUM_WARPS, 0, DQ_MODE, DQ_DEFER)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,7 +526,7 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
     rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
     rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
-    orders = {"dkdv": ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap",)}[kernel]
+    orders = {"dkdv": ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap", "defer")}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
     if kernel == "fused" and cfg.block_m != 64:
@@ -516,7 +537,7 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
         return f"{rows_name} {rows}: a multiple of 16 x num_warps ({16 * cfg.num_warps}) up to 256"
     if step not in (16, 32, 64, 128) or rows % step:
         return f"{step_name} {step}: 16, 32, 64 or 128, dividing {rows_name} {rows}"
-    if cfg.stages < 2 + (cfg.order == "defer"):
+    if cfg.stages < 2 + (cfg.order == "defer" and kernel == "dkdv"):
         return (f"stages {cfg.stages}: at least 2 (a slot is refilled only after its tile is used), 3 in the "
                 "deferred order (which keeps the tile before in its slot)")
     if cfg.maxnreg is not None and not 24 <= cfg.maxnreg <= 255:
@@ -544,7 +565,8 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     if kernel == "fused":
         if dq_mode not in DQ_MODES:
             raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-        return _fused_kernel, {**constexprs, "DQ_MODE": 1 if dq_mode == "add" else 2}, options
+        return _fused_kernel, {**constexprs, "DQ_MODE": 1 if dq_mode == "add" else 2,
+                               "DQ_DEFER": cfg.order == "defer"}, options
     return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
 
 
