@@ -123,13 +123,19 @@ def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(
     assert not any((tmp_path / d).exists() for d in "abcd")
 
 
-def test_the_fused_kernel_issues_dq_beside_dk_and_adds_it_in_fp32(tmp_path):
-    r = _run("--gluon-bwd", "fused=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path))
+@pytest.mark.parametrize("order", ["overlap", "defer"])
+def test_the_fused_kernel_issues_dq_where_its_order_says_and_adds_it_in_fp32(tmp_path, order):
+    cfg = "64,64,2,4" + ("" if order == "overlap" else ",defer")
+    r = _run("--gluon-bwd", f"fused={cfg}", "--head-dim", "64", "--causal", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "gluon_fused_64x64x2x4_d64.json").read_text())
-    for loop in report["loops"]:  # the dK/dV kernel's overlap order, with dQ's matmul issued beside dK's
-        assert loop == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1", "dot:dk_tok",
-                        "dot:dq_tok", "wait:0"], loop
+    name = "gluon_fused_64x64x2x4" + ("" if order == "overlap" else "_defer")
+    report = json.loads((tmp_path / f"{name}_d64.json").read_text())
+    for loop in report["loops"]:
+        if order == "overlap":  # the dK/dV kernel's overlap order, with dQ's matmul issued beside dK's
+            assert loop == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1", "dot:dk_tok",
+                            "dot:dq_tok", "wait:0"], loop
+        else:  # the tile before's dQ matmul behind this tile's scores, in flight while P^T is computed
+            assert loop[:5] == ["dot:st_tok", "dot:dpt_tok", "dot:dq_tok", "wait:2", "exp2"], loop
     adds = ("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")
     atomics = {op: n for op, n in report["sass_ops"].items() if op.startswith(adds)}
     assert atomics and all(".F32" in op for op in atomics), atomics  # fp32 adds (F32 or F32x2), never bf16
