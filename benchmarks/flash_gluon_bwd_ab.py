@@ -157,12 +157,13 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
             if dkdv_cfgs and not args.no_hybrid:
                 calls[f"gluon_bwd_{config_name(cfg)}"] = lambda cfg=cfg: gb.flash_attention_backward(
                     q, k, v, o, lse, do, causal, cfg, dkdv_cfgs[0])
-    for cfg in (gb.Config(*c) for c in fused_configs):
-        acc, dk, dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device), nan(k), nan(v)
+    if fused_configs:  # the fused kernel alone writes here (acc's sums unchecked)
         q4, k4, v4, do4 = (flash_triton._as_zhnd(t) for t in (q, k, v, do))
-        tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc)
+        acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        tensors = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
-        for mode in ("add", "red"):  # the whole backward, checked, then its kernel alone (acc's sums unchecked)
+    for cfg in (gb.Config(*c) for c in fused_configs):
+        for mode in ("add", "red"):  # the whole backward, checked, then its kernel alone
             name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}")
             if try_first(name, lambda cfg=cfg, m=mode: dict(zip(
                     ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m), strict=True))):

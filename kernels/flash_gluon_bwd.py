@@ -137,6 +137,25 @@ def _add_dq(dq_base, dq_t, start_m, dq_rows, RED: gl.constexpr, BLOCK_M: gl.cons
 
 
 @gluon.jit
+def _stage_ds(ds_smem, ds, NUM_WARPS: gl.constexpr):
+    """Write this tile's dS^T where the dQ matmul reads it, once every matmul that read the one before has
+    finished (with two warpgroups, the other one's too)."""
+    if NUM_WARPS > 4:
+        _block_barrier()
+    ds_smem.store(ds)
+    fence_async_shared()
+    _block_barrier()
+
+
+@gluon.jit
+def _dq_matmul(ds_smem, k_smem, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, dq_layout: gl.constexpr,
+               IS_ASYNC: gl.constexpr):
+    """dQ of one query tile from this key tile: dS K, dS^T read transposed from shared memory, K resident."""
+    zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    return warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero, use_acc=False, is_async=IS_ASYNC)
+
+
+@gluon.jit
 def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
           delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, MASKED: gl.constexpr,
           ORDER: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -159,8 +178,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
         if DQ_DEFER:  # the tile before's dQ, from its dS^T left in shared memory, behind this tile's scores
-            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+            dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
         lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
         st = warpgroup_mma_wait(1 + DQ_DEFER, deps=[st_tok])  # S^T done; dP^T (and dQ) may still run
         pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
@@ -175,21 +193,14 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
             if t > 0:
                 _add_dq(dq_base, dq_t, start_m - BLOCK_M, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
-            if NUM_WARPS > 4:  # the other warpgroup's dQ matmul read all of dS^T
-                _block_barrier()
-            ds_smem.store(ds)  # for the next step's dQ matmul (or the one after the loop)
-            fence_async_shared()
-            _block_barrier()
+            _stage_ds(ds_smem, ds, NUM_WARPS)  # for the next step's dQ matmul (or the one after the loop)
         elif DQ_MODE == 0:
             dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
-            # dQ(t) = dS K: dS^T through shared memory (the tile before's dQ matmul has finished), read
-            # transposed as the A operand; K is already there
-            ds_smem.store(ds)
-            fence_async_shared()
-            _block_barrier()
-            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+            # dQ(t) = dS K (the tile before's dQ matmul finished in its step; with two warpgroups the
+            # block barrier of that step's refill saw both finish)
+            _stage_ds(ds_smem, ds, 4)
+            dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
             _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
         _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
@@ -227,7 +238,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
 
 
 @gluon.jit
-def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
+def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   stride_qz, stride_qh, stride_qm,
                   stride_kz, stride_kh, stride_kn,
                   stride_vz, stride_vh, stride_vn,
@@ -238,8 +249,11 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, DQ_MODE: gl.constexpr,
                   DQ_DEFER: gl.constexpr):
-    """One key tile's dK and dV (and with DQ_MODE its share of every query tile's dQ, into DQ_ACC: fp32
-    (Z*H, n_q, HEAD_DIM), contiguous), for _dkdv_kernel and _fused_kernel."""
+    """One key tile's dK and dV; with DQ_MODE (1 atom, 2 red) also its share of every query tile's dQ,
+    dS K, added into DQ_ACC (fp32 (Z*H, n_q, HEAD_DIM), contiguous, zeroed before): five matmuls a tile
+    pair where the split backward's two kernels do seven. Rows from dq_rows on add nothing (0: the
+    probe, which keeps the matmul and the atomics' addresses). DQ_DEFER (order "defer") issues tile t's
+    dQ matmul at step t+1, behind the scores. _dkdv_kernel is this with DQ_MODE 0."""
     pid_n = gl.program_id(1)
     pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
     z = pid_zh // H
@@ -320,8 +334,7 @@ def _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
             dk = warpgroup_mma(ds_op, q_smem.index(prev), dk)
     if DQ_DEFER:
         if n_iter > 0:  # the last tile's dQ
-            dq_t = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
-                                 use_acc=False)
+            dq_t = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, False)
             _add_dq(dq_base, dq_t, lo + (n_iter - 1) * BLOCK_M, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
@@ -352,35 +365,13 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                  H, n_q, n_k, sm_scale, qk_scale,
                  IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr):
-    # the Triton kernels' grid (G, tiles, ZH / G); causal key tile 0 sees the most queries
-    _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DK,
+    # the Triton dK/dV kernel's signature; the grid (G, tiles, ZH / G), causal key tile 0 the heaviest
+    _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DK,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
                   stride_dvn, H, n_q, n_k, n_q, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                   NUM_WARPS, ORDER, 0, False)
 
-
-@gluon.jit
-def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
-                  stride_qz, stride_qh, stride_qm,
-                  stride_kz, stride_kh, stride_kn,
-                  stride_vz, stride_vh, stride_vn,
-                  stride_doz, stride_doh, stride_dom,
-                  stride_dkz, stride_dkh, stride_dkn,
-                  stride_dvz, stride_dvh, stride_dvn,
-                  H, n_q, n_k, dq_rows, sm_scale, qk_scale,
-                  IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr):
-    # the dK/dV kernel that also adds dS K into DQ_ACC (fp32 (Z*H, n_q, HEAD_DIM), zeroed before): five
-    # matmuls a tile pair where the split backward's two kernels do seven. dq_rows = n_q adds every
-    # row; 0 adds none, while the matmul and the atomics' addresses are still computed (the probe).
-    # DQ_DEFER (order "defer"): tile t's dQ matmul is issued at step t+1 behind the scores, so it runs
-    # while the warps compute P^T
-    _dkdv_program(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
-                  stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
-                  stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
-                  stride_dvn, H, n_q, n_k, dq_rows, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                  STAGES, NUM_WARPS, 0, DQ_MODE, DQ_DEFER)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -565,7 +556,7 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     if kernel == "fused":
         if dq_mode not in DQ_MODES:
             raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-        return _fused_kernel, {**constexprs, "DQ_MODE": 1 if dq_mode == "add" else 2,
+        return _fused_kernel, {**constexprs, "ORDER": 0, "DQ_MODE": 1 if dq_mode == "add" else 2,
                                "DQ_DEFER": cfg.order == "defer"}, options
     return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
 
