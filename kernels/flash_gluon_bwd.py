@@ -160,12 +160,15 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, MASKED: gl.constexpr,
           ORDER: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr, HEAD_DIM: gl.constexpr,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-          st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr):
+          st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
+          WS: gl.constexpr = False):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
     accumulator at dq_base (_add_dq: 1 by atom, 2 by red); with DQ_DEFER it issues the tile before's dQ
-    matmul behind this tile's scores and leaves this tile's dS^T in shared memory for the next step."""
+    matmul behind this tile's scores and leaves this tile's dS^T in shared memory for the next step.
+    WS (a consumer of the warp-specialised kernel, ORDER 0 with no dQ): the slot is released through
+    empty_bars for the producer to refill, instead of refilled here."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -203,7 +206,10 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
             _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
-        _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
+        if WS:
+            mbarrier.arrive(empty_bars.index(slot), count=1)  # this warpgroup is done with tile t's Q and dO
+        else:
+            _refill_q(q_desc, do_desc, q_smem, do_smem, bars, slot, t + STAGES, lo, n_iter, BLOCK_M, NUM_WARPS)
     elif ORDER == 1:
         # dK's matmul of the tile before is issued behind this tile's S^T and dP^T, so it runs
         # while the warps compute P^T; its Q slot is refilled once it is done (hence 3+ slots)
@@ -375,6 +381,167 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
 
 
 # ----------------------------------------------------------------------------------------------
+# dK/dV warp-specialised (FA-3's layout of a program): a producer warp streams Q and dO tiles into
+# a ring of slots, and CONSUMERS warpgroups, each owning WG_KEYS keys of the program's key tile,
+# run the overlapped step on every slot and release it. The slot's tile is read from L2 once for
+# CONSUMERS x WG_KEYS keys (the one-warpgroup kernel reads it once per 64 keys: twice the traffic
+# per matmul), and no block barrier keeps the warpgroups in step. A slot has a "ready" mbarrier
+# that the copy engine completes and an "empty" one that each consumer arrives at (count CONSUMERS).
+# ----------------------------------------------------------------------------------------------
+WG_KEYS = 64  # keys a consumer warpgroup owns: one wgmma's M
+_WG_KEYS = gl.constexpr(WG_KEYS)  # (what a kernel can read)
+
+
+@gluon.jit
+def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
+                    empty_bars, start_n, lo, n_iter, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMERS: gl.constexpr):
+    """The producer: every consumer's K and V rows once, then the Q and dO of query tile t into slot
+    t % STAGES once every consumer has released its previous tile (a fresh mbarrier's phase "-1" counts
+    as complete). Key rows past n_k come in as zeros."""
+    mbarrier.expect(kv_bar, 2 * CONSUMERS * k_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(k_desc, [start_n + c * _WG_KEYS, 0], kv_bar, k_smem.index(c))
+        tma.async_copy_global_to_shared(v_desc, [start_n + c * _WG_KEYS, 0], kv_bar, v_smem.index(c))
+    for t in range(n_iter):
+        slot = t % STAGES
+        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
+        ready = ready_bars.index(slot)
+        mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [lo + t * BLOCK_M, 0], ready, q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [lo + t * BLOCK_M, 0], ready, do_smem.index(slot))
+
+
+@gluon.jit
+def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                      stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
+                      IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      STAGES: gl.constexpr, WHICH: gl.constexpr):
+    """Consumer warpgroup WHICH: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every query tile of
+    the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
+    (dk_base, dv_base: this (z, h)'s). Causal: the tiles above its keys' diagonal are waited for and
+    released unread, the next WG_KEYS / BLOCK_M cross the diagonal."""
+    dtype: gl.constexpr = q_smem.dtype
+    st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
+    acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    my_n = start_n + WHICH * _WG_KEYS
+    k_mine = k_smem.index(WHICH)
+    v_mine = v_smem.index(WHICH)
+    if IS_CAUSAL:
+        n_skip = gl.minimum(n_iter, WHICH * _WG_KEYS // BLOCK_M)
+        n_diag = gl.minimum(n_iter, n_skip + _WG_KEYS // BLOCK_M)
+    else:
+        n_skip = 0
+        n_diag = 0
+    for t in range(0, n_skip):
+        mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
+        mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
+    lse2, delta = _row_stats(l_base, delta_base, lo + n_skip * BLOCK_M, n_q, BLOCK_M, st_layout)
+    dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    ds_op = gl.zeros([_WG_KEYS, BLOCK_M], dtype, op_layout)  # (_step's ORDER 1 state, unused here)
+    prev = 0
+    mbarrier.wait(kv_bar, 0)
+    for t in range(n_skip, n_diag):
+        dk, dv, ds_op, prev, lse2, delta = _step(
+            t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
+            delta_base, lo, n_q, n_iter, my_n, qk_scale, None, None, 0, True, 0, 0, False, HEAD_DIM, BLOCK_M,
+            _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
+    for t in range(n_diag, n_iter):
+        dk, dv, ds_op, prev, lse2, delta = _step(
+            t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
+            delta_base, lo, n_q, n_iter, my_n, qk_scale, None, None, 0, False, 0, 0, False, HEAD_DIM, BLOCK_M,
+            _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
+    offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    rows = gl.expand_dims(offs_n.to(gl.int64), 1)
+    keep = gl.expand_dims(offs_n < n_k, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0)
+    gl.store(dk_base + rows * stride_dkn + gl.expand_dims(offs_d, 0), (dk * sm_scale).to(dtype), mask=keep)
+    gl.store(dv_base + rows * stride_dvn + gl.expand_dims(offs_d, 0), dv.to(dtype), mask=keep)
+
+
+@gluon.jit
+def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
+                    stride_qz, stride_qh, stride_qm,
+                    stride_kz, stride_kh, stride_kn,
+                    stride_vz, stride_vh, stride_vn,
+                    stride_doz, stride_doh, stride_dom,
+                    stride_dkz, stride_dkh, stride_dkn,
+                    stride_dvz, stride_dvh, stride_dvn,
+                    H, n_q, n_k, sm_scale, qk_scale,
+                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    # _dkdv_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program
+    pid_n = gl.program_id(1)
+    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    z = pid_zh // H
+    h = pid_zh % H
+    start_n = pid_n * BLOCK_N
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_WG_KEYS, HEAD_DIM], dtype)
+    q_desc = _descriptor(Q, z, h, stride_qz, stride_qh, stride_qm, n_q, HEAD_DIM, BLOCK_M, q_layout)
+    do_desc = _descriptor(DO, z, h, stride_doz, stride_doh, stride_dom, n_q, HEAD_DIM, BLOCK_M, q_layout)
+    k_desc = _descriptor(K, z, h, stride_kz, stride_kh, stride_kn, n_k, HEAD_DIM, _WG_KEYS, kv_layout)
+    v_desc = _descriptor(V, z, h, stride_vz, stride_vh, stride_vn, n_k, HEAD_DIM, _WG_KEYS, kv_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+
+    if IS_CAUSAL:  # queries before start_n see none of these keys
+        lo = start_n
+    else:
+        lo = 0
+    n_iter = gl.cdiv(gl.maximum(n_q - lo, 0), BLOCK_M)
+    l_base = L + pid_zh.to(gl.int64) * n_q
+    delta_base = Delta + pid_zh.to(gl.int64) * n_q
+    dk_base = DK + z.to(gl.int64) * stride_dkz + h.to(gl.int64) * stride_dkh
+    dv_base = DV + z.to(gl.int64) * stride_dvz + h.to(gl.int64) * stride_dvh
+    # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                                 stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
+                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0)),
+            (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
+                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))], [1], [24])
+    elif CONSUMERS == 2:
+        gl.warp_specialize([
+            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                                 stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
+                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0)),
+            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                                 stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
+                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1)),
+            (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
+                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
+            [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                                 stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
+                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0)),
+            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                                 stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
+                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1)),
+            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                                 stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
+                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 2)),
+            (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
+                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
+
+# ----------------------------------------------------------------------------------------------
 # dQ (and Delta): a query tile against every key tile it sees
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
@@ -496,7 +663,8 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
 class Config(NamedTuple):
     """A tile config of either kernel. dK/dV: block_n key rows a program (16 a warp), block_m query rows
     a step, stages Q/dO slots. dQ: block_m query rows a program, block_n key rows a step, stages K/V
-    slots. order: one of ORDERS ("defer" is dK/dV's only); maxnreg caps the registers a thread."""
+    slots. order: one of ORDERS ("defer" is dK/dV's only), or for dK/dV "ws" (_dkdv_ws_kernel: block_n is
+    consumers x WG_KEYS keys, num_warps each consumer's 4); maxnreg caps the registers a thread."""
 
     block_m: int
     block_n: int
@@ -506,6 +674,13 @@ class Config(NamedTuple):
     maxnreg: int | None = None
 
 
+# the dK/dV kernel's orders: _step's (ORDERS), or "ws", the warp-specialised kernel (_dkdv_ws_kernel)
+DKDV_ORDERS = ORDERS + ("ws",)
+# consumers -> (registers a thread for the block, registers each consumer warpgroup after the first takes):
+# the block counts the producer's warpgroup whole, so 1 consumer is 8 warps (128 each: two programs an SM),
+# 2 are 12 (168 x 12 x 32 = 64,512 of 65,536; the consumers 232 and the producer 24), 3 are 16 (128; the
+# consumers 160: (3 x 160 + 24) x 4 x 32 = 64,512)
+WS_REGS = {1: (128, 128), 2: (168, 232), 3: (128, 160)}
 KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp32 dQ (_fused_kernel)
 # the fused kernel's dQ: added by atom (Triton's atomic_add), by red (inline PTX, nothing returned), or the red
 # kernel with no row added (to price the adds' traffic)
@@ -517,9 +692,11 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
     rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
     rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
-    orders = {"dkdv": ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap", "defer")}[kernel]
+    orders = {"dkdv": DKDV_ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap", "defer")}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
+    if cfg.order == "ws":
+        return _ws_config_error(head_dim, cfg, elem)
     if kernel == "fused" and cfg.block_m != 64:
         return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
@@ -539,6 +716,26 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     return None
 
 
+def _ws_config_error(head_dim: int, cfg: Config, elem: int) -> str | None:
+    """config_error for the warp-specialised dK/dV kernel: block_n = consumers x WG_KEYS keys, 4 warps
+    each; the register split is the kernel's own (WS_REGS)."""
+    if cfg.num_warps != 4:
+        return f"num_warps {cfg.num_warps}: each warp-specialised consumer is one warpgroup, num_warps 4"
+    if cfg.block_n % WG_KEYS or cfg.block_n // WG_KEYS not in WS_REGS:
+        return (f"block_n {cfg.block_n}: {', '.join(str(c * WG_KEYS) for c in WS_REGS)} (consumer warpgroups "
+                f"of {WG_KEYS} keys)")
+    if cfg.block_m not in (16, 32, 64):
+        return f"block_m {cfg.block_m}: 16, 32 or 64, dividing a consumer's {WG_KEYS} keys"
+    if cfg.stages < 2:
+        return f"stages {cfg.stages}: at least 2 (a slot is refilled only after every consumer is done with it)"
+    if cfg.maxnreg is not None:
+        return f"maxnreg {cfg.maxnreg}: the warp-specialised kernel sets its own registers (WS_REGS)"
+    smem = (2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * elem
+    if smem > ft.SMEM_BUDGET:
+        return f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots, over {ft.SMEM_BUDGET}"
+    return None
+
+
 def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     """(kernel, its config's constexprs, launch options) for `kernel` (KERNELS) at `cfg`, or ValueError
     naming what is wrong with them."""
@@ -551,6 +748,11 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     if cfg.maxnreg is not None:
         options["maxnreg"] = cfg.maxnreg
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, NUM_WARPS=cfg.num_warps)
+    if kernel == "dkdv" and cfg.order == "ws":
+        consumers = cfg.block_n // WG_KEYS
+        maxnreg, consumer_regs = WS_REGS[consumers]
+        return (_dkdv_ws_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=consumers,
+                                      CONSUMER_REGS=consumer_regs), {"num_warps": 4, "maxnreg": maxnreg})
     if kernel == "dkdv":
         return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(cfg.order)}, options
     if kernel == "fused":
