@@ -9,6 +9,9 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
   gluon_<cfg>               each Gluon dK/dV config (--config) alone, on the same L and Delta
   gluon_dq_<cfg>            each Gluon dQ config (--dq-config) alone (it writes Delta too)
   triton_bwd                the whole Triton backward (dQ + dK/dV)
+  pair_*, twice_*           with --pairs, the Triton kernels back to back in one sample: dQ then dK/dV (as the
+                            backward runs them), dK/dV then dQ, and each kernel twice (what running right
+                            behind another kernel, with no L2 flush or idle gap between, costs)
   hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
   gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
   fused_<cfg>[_red]         the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics
@@ -123,6 +126,11 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         for name, _ in args.pin:
             calls[f"triton_pinned_{name}"] = ((lambda: dkdv_pin(q, k, v, do, lse, delta, dk_p, dv_p)) if name == "dkdv"
                                               else (lambda: dq_pin(q, k, v, o, do, lse, delta_p, dq_p)))
+    if args.pairs:  # whole backward against its two kernels: back to back in one sample, either order, or twice
+        calls.update(pair_dq_dkdv=lambda: (calls["triton_dq"](), calls["triton_dkdv"]()),
+                     pair_dkdv_dq=lambda: (calls["triton_dkdv"](), calls["triton_dq"]()),
+                     twice_dq=lambda: (calls["triton_dq"](), calls["triton_dq"]()),
+                     twice_dkdv=lambda: (calls["triton_dkdv"](), calls["triton_dkdv"]()))
     calls["triton_dkdv"]()
     outs = {"triton": {"dq": dq_t, "dk": dk_t, "dv": dv_t, "delta": delta}}
 
@@ -217,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
     ap.add_argument("--fused-config", action="append", type=parse_config, default=[],
                     metavar="BM,BN,STAGES,WARPS[,rN]", help="also time the fused backward at this config (repeatable)")
+    ap.add_argument("--pairs", action="store_true",
+                    help="also time the Triton kernels back to back in one sample (pair_dq_dkdv as the backward "
+                         "runs them, pair_dkdv_dq, twice_dq, twice_dkdv)")
     add_run_args(ap)
     args = ap.parse_args(argv)
     from kernels import flash_triton

@@ -106,6 +106,20 @@ def test_the_gluon_dkdv_kernel_computes_under_its_matmuls_in_the_order_it_names(
             assert loop == ["dot:st", "exp2", "dot:dv", "dot:dpt", "dot:dk"], loop
 
 
+def test_the_warp_specialised_dkdv_kernel_runs_the_overlapped_step_in_each_consumer(tmp_path):
+    r = _run("--gluon-bwd", "dkdv=64,128,2,4,ws", "--head-dim", "64", "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_dkdv_64x128x2x4_ws_d64.json").read_text())
+    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
+    # each of two consumers: its diagonal tiles, then the unmasked ones, S^T and dP^T in flight together
+    assert len(consumers) == 4, report["loops"]
+    for loop in consumers:
+        assert loop == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1", "dot:dk_tok",
+                        "wait:0"], loop
+    # the rest have no matmul: each consumer's walk past the tiles above its diagonal, and the producer
+    assert len(report["loops"]) - len(consumers) == 3, report["loops"]
+
+
 def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(tmp_path):
     r = _run("--gluon-bwd", "dq=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path / "ok"))
     assert r.returncode == 0, r.stderr[-3000:]

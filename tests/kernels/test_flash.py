@@ -574,6 +574,28 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients_bit_for_bit(shape, ca
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "causal", "cfg"), [((2, 4, 1000, 64), True, (32, 192, 2, 4, "ws")),
+                                                      ((1, 3, 4097, 64), False, (64, 128, 2, 4, "ws")),
+                                                      ((2, 3, 777, 128), True, (32, 128, 3, 4, "ws"))])
+def test_gpu_warp_specialised_dkdv_gives_the_one_warpgroup_kernels_gradients_bit_for_bit(shape, causal, cfg):
+    # the warp-specialised study kernel (not shipped) runs the same step on each consumer's 64 keys, so
+    # on the same Delta its dK, dV equal the one-warpgroup Gluon kernel's, ragged tiles and the causal
+    # consumers' skipped tiles included; written into NaN-filled tensors, an unwritten row shows
+    import kernels.flash_gluon_bwd as gb
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels run on sm_90")
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=8))
+    o, lse = flash_attention_forward(q, k, v, causal)
+    _, delta = gb.dq(q, k, v, o, do, lse, causal)
+    want = gb.dkdv(q, k, v, do, lse, delta, causal, gb.Config(64, 64, 2, 4))
+    got = gb.dkdv(q, k, v, do, lse, delta, causal, gb.Config(*cfg),
+                  out=(torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))))
+    for name, a, b in zip(("dk", "dv"), got, want, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 8, 512, 64), (2, 4, 512, 128)])  # d=128: the Gluon dK/dV kernel
 def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape):
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))

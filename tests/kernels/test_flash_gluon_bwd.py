@@ -14,6 +14,8 @@ from kernels import flash_triton as ft
     ("dkdv", 128, gb.Config(64, 64, 2, 4)), ("dkdv", 64, gb.Config(64, 64, 3, 4, "defer", 168)),
     ("dkdv", 64, gb.Config(32, 128, 2, 8)), ("dq", 64, gb.Config(128, 64, 2, 8)), ("dq", 128, gb.Config(64, 32, 3, 4)),
     ("fused", 64, gb.Config(64, 64, 2, 4, maxnreg=168)), ("fused", 64, gb.Config(64, 128, 2, 8)),
+    ("dkdv", 64, gb.Config(32, 192, 2, 4, "ws")), ("dkdv", 64, gb.Config(64, 64, 3, 4, "ws")),
+    ("dkdv", 128, gb.Config(32, 128, 4, 4, "ws")),
 ])
 def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     assert gb.config_error(kernel, head_dim, cfg) is None
@@ -33,6 +35,13 @@ def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     ("fused", gb.Config(32, 64, 2, 4), "block_m 32"),           # the dQ tile is one warpgroup's 64 query rows
     ("fused", gb.Config(64, 64, 2, 4, "plain"), "order 'plain'"),  # the overlap order only
     ("fused", gb.Config(64, 256, 2, 8), "229376 bytes"),        # dS^T counts too (dK/dV takes this: 196608)
+    ("dkdv", gb.Config(64, 128, 2, 8, "ws"), "num_warps 8"),    # warp-specialised: each consumer is 4 warps
+    ("dkdv", gb.Config(64, 96, 2, 4, "ws"), "block_n 96"),      # consumers own 64 keys each
+    ("dkdv", gb.Config(64, 256, 2, 4, "ws"), "block_n 256"),    # four consumers leave no registers to split
+    ("dkdv", gb.Config(128, 128, 2, 4, "ws"), "block_m 128"),   # must divide a consumer's 64 keys
+    ("dkdv", gb.Config(64, 128, 1, 4, "ws"), "stages 1"),
+    ("dkdv", gb.Config(64, 128, 2, 4, "ws", 168), "maxnreg 168"),  # the kernel splits the registers itself
+    ("dkdv", gb.Config(64, 192, 4, 4, "ws"), "229376 bytes"),   # K, V of 192 keys and four slots at d=128
 ])
 def test_bad_configs_are_named(kernel, cfg, named):
     why = gb.config_error(kernel, 128, cfg)
@@ -83,12 +92,29 @@ def test_every_shipped_config_is_one_the_kernel_takes():
         assert gb.config_error("dkdv", head_dim, cfg) is None
 
 
-@pytest.mark.parametrize(("kernel", "dq_mode"), [("dkdv", "add"), ("dq", "add"), ("fused", "red"), ("fused", "probe")])
-def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, monkeypatch):
+def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
+    for cfg, consumers in ((gb.Config(64, 64, 2, 4, "ws"), 1), (gb.Config(32, 192, 2, 4, "ws"), 3)):
+        kernel, config, options = gb.launch_spec("dkdv", 64, cfg)
+        assert kernel is gb._dkdv_ws_kernel and config["CONSUMERS"] == consumers
+        maxnreg, consumer_regs = gb.WS_REGS[consumers]
+        assert options == {"num_warps": 4, "maxnreg": maxnreg} and config["CONSUMER_REGS"] == consumer_regs
+        # the block counts the producer's warpgroup whole; what the consumers and the producer (24) take
+        # after the first consumer fits the register file
+        assert 4 * 32 * (consumers + 1) * maxnreg <= 65536
+        assert 4 * 32 * (maxnreg + (consumers - 1) * consumer_regs + 24) <= 65536 or consumers == 1
+
+
+_WS = gb.Config(32, 128, 2, 4, "ws")
+
+
+@pytest.mark.parametrize(("kernel", "dq_mode", "cfg"), [("dkdv", "add", gb.DKDV_CONFIG), ("dq", "add", gb.DKDV_CONFIG),
+                                                       ("fused", "red", gb.DKDV_CONFIG),
+                                                       ("fused", "probe", gb.DKDV_CONFIG), ("dkdv", "add", _WS)])
+def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, cfg, monkeypatch):
     # the launcher builds the runtime arguments flash_triton's launch plans replay: one per parameter
     # of the kernel, in its order (each (Z, H, n, d) view's three leading strides, the scalars, then
     # the constexprs by name); a fake kernel records them, since no GPU is here to run the real one
-    real, config, options = gb.launch_spec(kernel, 128, gb.DKDV_CONFIG)
+    real, config, options = gb.launch_spec(kernel, 128, cfg)
     seen = {}
 
     class Recorder:
@@ -109,7 +135,7 @@ def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, monkeypat
         tensors += (torch.zeros(2, 3, 96, 128),) if kernel == "fused" else ()
     else:  # (Q, K, V, O, DO, L, Delta, DQ)
         tensors = (q4, k4, v4, t4, u4, lse, delta, w4)
-    gb.launch(kernel, tensors, True, gb.DKDV_CONFIG, 3, dq_mode)
+    gb.launch(kernel, tensors, True, cfg, 3, dq_mode)
     named = dict(zip(real.arg_names, seen["args"], strict=False))
     assert len(seen["args"]) + len(seen["kwargs"]) - len(options) == len(real.arg_names)
     for name, t in zip(real.arg_names[:len(tensors)], tensors, strict=True):
@@ -123,5 +149,5 @@ def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, monkeypat
     assert named["sm_scale"] == pytest.approx(128 ** -0.5) and named["qk_scale"] == pytest.approx(ft.LOG2E / 128 ** 0.5)
     assert seen["kwargs"]["IS_CAUSAL"] is True and seen["kwargs"]["HEAD_DIM"] == 128
     rows = 96 if kernel == "dq" else 160
-    block = gb.DKDV_CONFIG.block_m if kernel == "dq" else gb.DKDV_CONFIG.block_n
+    block = cfg.block_m if kernel == "dq" else cfg.block_n
     assert seen["grid"] == (3, -(-rows // block), 2)
