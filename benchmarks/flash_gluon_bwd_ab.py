@@ -10,8 +10,9 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
   gluon_dq_<cfg>            each Gluon dQ config (--dq-config) alone (it writes Delta too)
   triton_bwd                the whole Triton backward (dQ + dK/dV)
   pair_*, twice_*           with --pairs, the Triton kernels back to back in one sample: dQ then dK/dV (as the
-                            backward runs them), dK/dV then dQ, and each kernel twice (what running right
-                            behind another kernel, with no L2 flush or idle gap between, costs)
+                            backward runs them), dK/dV then dQ, each kernel twice, and each SDPA backward
+                            twice (what running right behind another kernel, with no L2 flush or idle gap
+                            between, costs)
   hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
   gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
   fused_<cfg>[_red]         the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics
@@ -194,6 +195,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                 cell["errors"][name][f"{g}_max_diff_vs_triton"] = diff
     for backend in args.sdpa:
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
+        if args.pairs:
+            calls[f"twice_sdpa_{backend}"] = lambda call=calls[f"sdpa_{backend}"]: (call(), call())
     cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats)
     best = {name: min(xs) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="BM,BN,STAGES,WARPS[,rN]", help="also time the fused backward at this config (repeatable)")
     ap.add_argument("--pairs", action="store_true",
                     help="also time the Triton kernels back to back in one sample (pair_dq_dkdv as the backward "
-                         "runs them, pair_dkdv_dq, twice_dq, twice_dkdv)")
+                         "runs them, pair_dkdv_dq, twice_dq, twice_dkdv) and each SDPA backward twice")
     add_run_args(ap)
     args = ap.parse_args(argv)
     from kernels import flash_triton
