@@ -1,5 +1,6 @@
 """FlashAttention-2's backward kernels in Gluon for Hopper (sm_90) beside kernels/flash_triton.py's, with the
-same inputs and outputs: dK/dV (which flash_triton's backward launches at d=128), dQ, and a fused one.
+same inputs and outputs: dK/dV (which flash_triton's backward launches at d=128), dQ, a fused one and a
+warp-specialised dK/dV.
 
 Why. In Triton 3.6 a dK/dV program waits for each score matmul before it can do anything else: S^T
 and dP^T are issued one after the other, each waited for at once, so the exp2 of P^T and the product
@@ -27,6 +28,8 @@ _fused_kernel is a study (docs/results/h200/flash_gluon_bwd/README.md, not used 
 same program also computes dQ(t) = dS K beside dK's matmul (dS^T through shared memory) and adds it
 into an fp32 accumulator, by Triton's atomic_add or by a red.add through inline PTX (DQ_MODES):
 five matmuls a tile pair where the split backward does seven. On the H200 it ran slower.
+_dkdv_ws_kernel (order "ws") is another: the dK/dV program warp-specialised, a producer warp streaming Q
+and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there.
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
