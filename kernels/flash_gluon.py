@@ -347,13 +347,22 @@ def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars
     mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(q_desc, [start_m + c * rows, 0], q_bar, q_smem.index(c))
+    _ws_stream(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, 0, n_iter, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _ws_stream(a_desc, b_desc, a_smem, b_smem, ready_bars, empty_bars, first_row, n_iter, ROWS: gl.constexpr,
+               STAGES: gl.constexpr):
+    """A producer's stream: tile t (rows first_row + t * ROWS of both tensors) into slot t % STAGES once
+    every consumer has released the slot's previous tile (a fresh mbarrier counts its phase "-1" as
+    complete); the copy engine completes the slot's ready barrier."""
     for t in range(n_iter):
         slot = t % STAGES
         mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
         ready = ready_bars.index(slot)
-        mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [t * BLOCK_N, 0], ready, k_smem.index(slot))
-        tma.async_copy_global_to_shared(v_desc, [t * BLOCK_N, 0], ready, v_smem.index(slot))
+        mbarrier.expect(ready, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, [first_row + t * ROWS, 0], ready, a_smem.index(slot))
+        tma.async_copy_global_to_shared(b_desc, [first_row + t * ROWS, 0], ready, b_smem.index(slot))
 
 
 @gluon.jit

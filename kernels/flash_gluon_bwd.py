@@ -63,6 +63,7 @@ from kernels.flash_gluon import (
     _mma_layout,
     _program_tile,
     _refill,
+    _ws_stream,
 )
 
 # loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
@@ -400,19 +401,12 @@ def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_
                     empty_bars, start_n, lo, n_iter, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMERS: gl.constexpr):
     """The producer: every consumer's K and V rows once, then the Q and dO of query tile t into slot
-    t % STAGES once every consumer has released its previous tile (a fresh mbarrier's phase "-1" counts
-    as complete). Key rows past n_k come in as zeros."""
+    t % STAGES (_ws_stream). Key rows past n_k come in as zeros."""
     mbarrier.expect(kv_bar, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(k_desc, [start_n + c * _WG_KEYS, 0], kv_bar, k_smem.index(c))
         tma.async_copy_global_to_shared(v_desc, [start_n + c * _WG_KEYS, 0], kv_bar, v_smem.index(c))
-    for t in range(n_iter):
-        slot = t % STAGES
-        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
-        ready = ready_bars.index(slot)
-        mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [lo + t * BLOCK_M, 0], ready, q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [lo + t * BLOCK_M, 0], ready, do_smem.index(slot))
+    _ws_stream(q_desc, do_desc, q_smem, do_smem, ready_bars, empty_bars, lo, n_iter, BLOCK_M, STAGES)
 
 
 @gluon.jit
