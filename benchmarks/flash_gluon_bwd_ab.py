@@ -5,7 +5,9 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
 (CUDA events, warm-up excluded):
 
   triton_dkdv, triton_dq    the Triton kernels alone (autotuned, the shipped options)
-  triton_pinned_<k>         with --pin K=..., Triton's kernel K alone at that config instead of autotuned
+  triton_pinned_<k>_<cfg>   with --pin K=CFG (repeatable), Triton's kernel K alone at that config instead of
+                            autotuned (with --pairs also twice in one sample); pinned_bwd_<k>_<cfg> the whole
+                            Triton backward with it
   gluon_<cfg>               each Gluon dK/dV config (--config) alone, on the same L and Delta
   gluon_dq_<cfg>            each Gluon dQ config (--dq-config) alone (it writes Delta too)
   triton_bwd                the whole Triton backward (dQ + dK/dV)
@@ -118,15 +120,19 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
              "triton_dq": lambda: dq_plan(q, k, v, o, do, lse, delta, dq_t),
              "triton_bwd": lambda: bwd(q, k, v, o, lse, do)}
     calls["triton_dq"]()  # Delta, as the Triton backward computes it, for every dK/dV kernel below
-    if args.pin:  # the same kernels at pinned configs: a plan of their own, whose kernels are timed alone
+    for name, cfg in args.pin:  # each pinned config: a plan of its own, whose kernel is timed alone
         flash_triton.clear_launch_plans()
-        pinned = flash_triton.LaunchOptions(pinned={n: flash_triton.make_config(*c) for n, c in args.pin})
+        pinned = flash_triton.LaunchOptions(pinned={name: flash_triton.make_config(*cfg)})
         flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal, options=pinned)
-        dq_pin, dkdv_pin = triton_plan(flash_triton).kernels
+        bwd_pin = triton_plan(flash_triton)
+        dq_pin, dkdv_pin = bwd_pin.kernels
         dq_p, dk_p, dv_p, delta_p = (torch.empty_like(t) for t in (q, k, v, lse))
-        for name, _ in args.pin:
-            calls[f"triton_pinned_{name}"] = ((lambda: dkdv_pin(q, k, v, do, lse, delta, dk_p, dv_p)) if name == "dkdv"
-                                              else (lambda: dq_pin(q, k, v, o, do, lse, delta_p, dq_p)))
+        label = f"triton_pinned_{name}_{'x'.join(map(str, cfg))}"
+        calls[f"pinned_bwd_{label[len('triton_pinned_'):]}"] = lambda f=bwd_pin: f(q, k, v, o, lse, do)
+        calls[label] = ((lambda f=dkdv_pin, a=dk_p, b=dv_p: f(q, k, v, do, lse, delta, a, b)) if name == "dkdv"
+                        else (lambda f=dq_pin, a=delta_p, b=dq_p: f(q, k, v, o, do, lse, a, b)))
+        if args.pairs:
+            calls[f"twice_{label}"] = lambda call=calls[label]: (call(), call())
     if args.pairs:  # whole backward against its two kernels: back to back in one sample, either order, or twice
         calls.update(pair_dq_dkdv=lambda: (calls["triton_dq"](), calls["triton_dkdv"]()),
                      pair_dkdv_dq=lambda: (calls["triton_dkdv"](), calls["triton_dq"]()),
@@ -204,7 +210,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                                       and not n.startswith(("gluon_dq_", "gluon_bwd_"))}
     cell["dq_speedup_vs_triton"] = {n: best["triton_dq"] / t for n, t in best.items()
                                     if n.startswith(("gluon_dq_", "triton_pinned_dq"))}
-    whole = ("hybrid_", "gluon_bwd_", "fused_")
+    whole = ("hybrid_", "gluon_bwd_", "fused_", "pinned_bwd_")
     cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items() if n.startswith(whole)}
     for backend in args.sdpa:
         cell[f"bwd_speedup_vs_sdpa_{backend}"] = {n: best[f"sdpa_{backend}"] / t for n, t in best.items()
@@ -224,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
                     help=f"a Gluon dQ config (repeatable; default {' '.join(map(config_name, DQ_CONFIGS))})")
     ap.add_argument("--pin", action="append", type=parse_pin, default=[], metavar="KERNEL=BM,BN,WARPS,STAGES",
-                    help="also time Triton's kernel (dkdv or dq) at this config (repeatable)")
+                    help="also time Triton's kernel (dkdv or dq) at this config, and the whole backward with it, "
+                         "each in a plan of its own (repeatable)")
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
     ap.add_argument("--fused-config", action="append", type=parse_config, default=[],
                     metavar="BM,BN,STAGES,WARPS[,rN]", help="also time the fused backward at this config (repeatable)")
