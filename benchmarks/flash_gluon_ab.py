@@ -73,13 +73,17 @@ def row_errors(o, lse, ref_o, ref_lse) -> dict:
 
 def time_in_turns(calls: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
     """Each call's CUDA-event median per round (3 warm-up calls, then `repeats` samples), the calls taken
-    in turns within a round so clock drift falls on all of them."""
+    in turns within a round so clock drift falls on all of them. Each round starts one call later than the
+    round before (round r runs the calls from the r-th on, then the first r), so no call always runs first,
+    on a chip that has idled through the compiles, or always behind the same heavy call."""
     from worker.harness import measure
 
-    ms: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            ms[name].append(measure(call, warmup=3, repeats=repeats, device="cuda").median_ms)
+    names = list(calls)
+    ms: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            ms[name].append(measure(calls[name], warmup=3, repeats=repeats, device="cuda").median_ms)
     return ms
 
 

@@ -1,6 +1,7 @@
-"""flash_gluon_ab's configs parse, and its accuracy check sees a single wrong row."""
+"""flash_gluon_ab's configs parse, its accuracy check sees a single wrong row, and its rounds rotate the calls."""
 import argparse
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -42,3 +43,21 @@ def test_one_wrong_row_shows_in_the_row_maximum_not_the_median():
     err = row_errors(o, lse, ref_o, ref_lse)
     assert err["o_row_max"] == pytest.approx(0.5, abs=1e-6) and err["o_row_median"] < 1e-6
     assert err["lse_max"] < 1e-6
+
+
+def test_each_round_starts_one_call_later(monkeypatch):
+    # the calls run in turns, and the order rotates by one each round, so no call always runs first (on a
+    # chip cooled by the compiles) or behind the same heavy call; each call's list keeps its rounds in order
+    import worker.harness
+    from benchmarks.flash_gluon_ab import time_in_turns
+
+    order = []
+
+    def fake_measure(fn, **kwargs):
+        order.append(fn())
+        return SimpleNamespace(median_ms=float(len(order)))
+
+    monkeypatch.setattr(worker.harness, "measure", fake_measure)
+    ms = time_in_turns({name: (lambda n=name: n) for name in "abc"}, rounds=4, repeats=5)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert ms == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
