@@ -91,6 +91,11 @@ def row_errors(grads: dict, refs: dict) -> dict:
     return out
 
 
+def back_to_back(*calls):
+    """One call that runs `calls` in order, so a sample holds them back to back with no L2 flush between."""
+    return lambda: [call() for call in calls]
+
+
 def triton_plan(flash_triton):
     """The one backward plan made since the table was cleared; its `kernels` are (dQ, dK/dV)."""
     plans = [plan for key, plan in flash_triton._PLANS.items() if key[0] == "bwd"]
@@ -127,17 +132,17 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         bwd_pin = triton_plan(flash_triton)
         dq_pin, dkdv_pin = bwd_pin.kernels
         dq_p, dk_p, dv_p, delta_p = (torch.empty_like(t) for t in (q, k, v, lse))
-        label = f"triton_pinned_{name}_{'x'.join(map(str, cfg))}"
-        calls[f"pinned_bwd_{label[len('triton_pinned_'):]}"] = lambda f=bwd_pin: f(q, k, v, o, lse, do)
-        calls[label] = ((lambda f=dkdv_pin, a=dk_p, b=dv_p: f(q, k, v, do, lse, delta, a, b)) if name == "dkdv"
-                        else (lambda f=dq_pin, a=delta_p, b=dq_p: f(q, k, v, o, do, lse, a, b)))
+        tag = f"{name}_{'x'.join(map(str, cfg))}"
+        calls[f"pinned_bwd_{tag}"] = lambda f=bwd_pin: f(q, k, v, o, lse, do)
+        calls[f"triton_pinned_{tag}"] = (
+            (lambda f=dkdv_pin, a=dk_p, b=dv_p: f(q, k, v, do, lse, delta, a, b)) if name == "dkdv"
+            else (lambda f=dq_pin, a=delta_p, b=dq_p: f(q, k, v, o, do, lse, a, b)))
         if args.pairs:
-            calls[f"twice_{label}"] = lambda call=calls[label]: (call(), call())
+            calls[f"twice_triton_pinned_{tag}"] = back_to_back(*[calls[f"triton_pinned_{tag}"]] * 2)
     if args.pairs:  # whole backward against its two kernels: back to back in one sample, either order, or twice
-        calls.update(pair_dq_dkdv=lambda: (calls["triton_dq"](), calls["triton_dkdv"]()),
-                     pair_dkdv_dq=lambda: (calls["triton_dkdv"](), calls["triton_dq"]()),
-                     twice_dq=lambda: (calls["triton_dq"](), calls["triton_dq"]()),
-                     twice_dkdv=lambda: (calls["triton_dkdv"](), calls["triton_dkdv"]()))
+        dq_call, dkdv_call = calls["triton_dq"], calls["triton_dkdv"]
+        calls.update(pair_dq_dkdv=back_to_back(dq_call, dkdv_call), pair_dkdv_dq=back_to_back(dkdv_call, dq_call),
+                     twice_dq=back_to_back(dq_call, dq_call), twice_dkdv=back_to_back(dkdv_call, dkdv_call))
     calls["triton_dkdv"]()
     outs = {"triton": {"dq": dq_t, "dk": dk_t, "dv": dv_t, "delta": delta}}
 
@@ -202,7 +207,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
     for backend in args.sdpa:
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
         if args.pairs:
-            calls[f"twice_sdpa_{backend}"] = lambda call=calls[f"sdpa_{backend}"]: (call(), call())
+            calls[f"twice_sdpa_{backend}"] = back_to_back(*[calls[f"sdpa_{backend}"]] * 2)
     cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats)
     best = {name: min(xs) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()

@@ -47,3 +47,13 @@ def test_one_wrong_or_unwritten_row_shows_in_the_row_maximum_not_the_median():
     err = row_errors(got, ref)
     assert err["dk_row_max"] == pytest.approx(0.5, rel=1e-5) and err["dk_row_median"] < 1e-6
     assert math.isnan(err["dv_row_max"])
+
+
+def test_back_to_back_runs_its_calls_in_order_in_one_call():
+    from benchmarks.flash_gluon_bwd_ab import back_to_back
+
+    seen = []
+    back_to_back(lambda: seen.append("dq"), lambda: seen.append("dkdv"))()
+    twice = lambda: seen.append("twice")  # noqa: E731
+    back_to_back(twice, twice)()
+    assert seen == ["dq", "dkdv", "twice", "twice"]
