@@ -89,8 +89,11 @@ def _reaper_closes_the_job_of_a_silent_worker(live):
     send_raw(live.app_ref, {**hb, "at": now}, serializer="json")
     send_raw(live.app_ref, {"type": "state", "job_id": a, "worker": "gpu1:benchlab@gpu1", "at": now},
              serializer="json")
+    # two messages sent in one millisecond may be taken in either order (the filesystem broker names
+    # its files by the millisecond, then a random id): wait for both
     wait_until(lambda: live.get(f"/api/jobs/{a}").json()["state"] == "running", what="running")
-    assert live.get("/api/workers").json()[0]["name"] == "gpu1:benchlab@gpu1"
+    workers = wait_until(lambda: live.get("/api/workers").json(), what="the heartbeat applied")
+    assert [w["name"] for w in workers] == ["gpu1:benchlab@gpu1"]
     # no further heartbeat: after worker_lost_after_s the reaper marks it
     job = wait_until(lambda: (j := live.get(f"/api/jobs/{a}").json())["state"] == "failed" and j, what="reaped")
     assert job["error"].startswith("worker lost: gpu1:benchlab@gpu1 stopped sending heartbeats")
