@@ -71,11 +71,17 @@ def row_errors(o, lse, ref_o, ref_lse) -> dict:
             "lse_max": (lse.double() - ref_lse).abs().max().item()}
 
 
-def time_in_turns(calls: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
+def time_in_turns(calls: dict, rounds: int, repeats: int, host: dict | None = None,
+                  head_start: bool = False) -> dict[str, list[float]]:
     """Each call's CUDA-event median per round (3 warm-up calls, then `repeats` samples), the calls taken
     in turns within a round so clock drift falls on all of them. Each round starts one call later than the
     round before (round r runs the calls from the r-th on, then the first r), so no call always runs first,
-    on a chip that has idled through the compiles, or always behind the same heavy call."""
+    on a chip that has idled through the compiles, or always behind the same heavy call.
+
+    `host`, a dict, gets each call's median host time per round (the wall clock of issuing it): a sample
+    starts on the GPU when the L2 flush before it ends, so a call whose launch takes the host longer than
+    that flush shows the difference as GPU time. `head_start` queues a sleep kernel before each sample
+    (worker.harness.measure) so the samples are the GPU's time alone."""
     from worker.harness import measure
 
     names = list(calls)
@@ -83,7 +89,10 @@ def time_in_turns(calls: dict, rounds: int, repeats: int) -> dict[str, list[floa
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            ms[name].append(measure(calls[name], warmup=3, repeats=repeats, device="cuda").median_ms)
+            timing = measure(calls[name], warmup=3, repeats=repeats, device="cuda", head_start=head_start)
+            ms[name].append(timing.median_ms)
+            if host is not None:
+                host.setdefault(name, []).append(timing.host_median_ms)
     return ms
 
 
@@ -94,6 +103,9 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--head-start", action="store_true",
+                    help="queue a sleep kernel before each sample, so a call's launch cost on the host stays off "
+                         "its GPU time (worker.harness.measure's head_start)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default=None)
 
@@ -114,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     configs = args.config or CONFIGS
     report = {"kind": "flash_gluon_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
-              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "cells": []}
+              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
+              "cells": []}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
@@ -142,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                 cell["errors"][name]["lse_max_diff_vs_triton"] = (lse - l_tri).abs().max().item()
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, q, causal)  # q: the unused gradient slot
-        cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats)
+        cell["host_ms"] = {}
+        cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats, cell["host_ms"], args.head_start)
         best = {name: min(xs) for name, xs in ms.items()}
         cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
         for backend in args.sdpa:

@@ -208,7 +208,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
         if args.pairs:
             calls[f"twice_sdpa_{backend}"] = back_to_back(*[calls[f"sdpa_{backend}"]] * 2)
-    cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats)
+    cell["host_ms"] = {}
+    cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats, cell["host_ms"], args.head_start)
     best = {name: min(xs) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
                                       if n.startswith(("gluon_", "triton_pinned_dkdv"))
@@ -253,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"kind": "flash_gluon_bwd_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
               "dq_configs": [list(c) for c in args.dq_config or DQ_CONFIGS],
               "fused_configs": [list(c) for c in args.fused_config],
-              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "cells": []}
+              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
+              "cells": []}
     for shape, causal in args.shape or SHAPES:
         record_cell(report, measure_shape(shape, causal, configs, args.dq_config or DQ_CONFIGS, args,
                                           tuple(args.fused_config)), out)

@@ -45,6 +45,15 @@ def test_no_doc_or_comment_points_outside_the_repo():
     assert not outside, outside
 
 
+def test_every_benchmark_script_is_in_the_benchmarks_index():
+    """benchmarks/README.md is where a newcomer finds the tools: each script and study shell file has a row."""
+    index = (ROOT / "benchmarks" / "README.md").read_text()
+    scripts = [f.name for f in sorted((ROOT / "benchmarks").iterdir())
+               if f.suffix in (".py", ".sh") and f.name != "__init__.py"]
+    assert scripts
+    assert [name for name in scripts if f"`{name}`" not in index] == []
+
+
 def test_the_wheel_carries_the_service_not_the_tools(tmp_path):
     src = tmp_path / "src"  # the tracked files only: no build/ left over from an earlier build
     for rel in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split():

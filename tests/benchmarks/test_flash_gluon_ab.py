@@ -61,3 +61,22 @@ def test_each_round_starts_one_call_later(monkeypatch):
     ms = time_in_turns({name: (lambda n=name: n) for name in "abc"}, rounds=4, repeats=5)
     assert order == list("abc" "bca" "cab" "abc")
     assert ms == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
+
+
+def test_host_times_are_kept_per_round_and_the_head_start_is_passed_on(monkeypatch):
+    # the host's time to issue each call goes beside its GPU time, so a launch cost that shows as GPU time
+    # (the GPU idle between the flush and the kernel) can be told apart; --head-start reaches measure
+    import worker.harness
+    from benchmarks.flash_gluon_ab import time_in_turns
+
+    seen = []
+
+    def fake_measure(fn, **kwargs):
+        seen.append(kwargs["head_start"])
+        return SimpleNamespace(median_ms=1.0, host_median_ms={"a": 1, "b": 10}[fn()] * len(seen))
+
+    monkeypatch.setattr(worker.harness, "measure", fake_measure)
+    host: dict = {}
+    time_in_turns({name: (lambda n=name: n) for name in "ab"}, rounds=2, repeats=5, host=host, head_start=True)
+    assert seen == [True] * 4
+    assert host == {"a": [1, 4], "b": [20, 30]}  # round 2 runs b (3rd call) then a (4th)
