@@ -118,7 +118,7 @@ class Heartbeat(threading.Thread):
         self.current: RunningJob | None = None
         self.file = file
         self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._stopped = threading.Event()  # not `_stop`: Thread.join calls its own _stop()
 
     def beat(self, stopping: bool = False) -> None:
         try:
@@ -133,13 +133,13 @@ class Heartbeat(threading.Thread):
         self.current = job
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopped.is_set():
             self.beat()
             self._wake.wait(self.interval_s)
             self._wake.clear()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped.set()
         self._wake.set()
         if self.is_alive():
             self.join(5)

@@ -67,6 +67,21 @@ def test_kill_9_of_the_worker_mid_job_ends_the_job_and_leaves_no_runner(stack):
     assert len(final["history"]) == 1  # one result for the attempt
 
 
+def test_a_worker_stopped_by_sigterm_says_goodbye(tmp_path):
+    # the default silence limit (30 s) is far off: only the worker's last heartbeat, `stopping`, can
+    # mark it gone within the wait below
+    s = Stack(tmp_path).start()
+    try:
+        workers = wait_until(lambda: s.client.get("/api/workers").json(), 60, "the worker's first heartbeat")
+        assert [w["alive"] for w in workers] == [True]
+        s._stop(s.worker_proc)
+        assert s.worker_proc.returncode == 0
+        wait_until(lambda: not s.client.get("/api/workers").json()[0]["alive"], 15, "the worker's goodbye")
+        assert "Traceback" not in (tmp_path / "worker.log").read_text()
+    finally:
+        s.stop()
+
+
 def test_cancel_stops_a_running_cell(stack):
     sweep = stack.submit({"suite": "noop", "params": {"mode": "hang"}, "timeout_s": 600})
     job = stack.results(sweep["id"])[0]["job_id"]

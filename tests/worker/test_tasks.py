@@ -67,6 +67,23 @@ def test_heartbeat_publishes_the_current_job_and_touches_its_file(tmp_path, monk
     assert not (tmp_path / "hb").exists()  # the goodbye does not look like a healthy worker
 
 
+def test_a_running_heartbeat_stops_and_says_goodbye(monkeypatch):
+    # the thread runs, so stop() joins it (an attribute named _stop once shadowed Thread's own and made
+    # that join raise, so a worker's graceful shutdown sent no goodbye)
+    import threading
+
+    import worker.tasks as tasks
+
+    sent, first = [], threading.Event()
+    monkeypatch.setattr(tasks, "publish", lambda app, event: (sent.append(event), first.set()))
+    hb = tasks.Heartbeat(app=None, worker="h:w:1", queues=[], interval_s=60)
+    hb.start()
+    assert first.wait(5)
+    hb.stop()
+    assert not hb.is_alive()
+    assert [e.stopping for e in sent] == [False, True]
+
+
 def test_a_heartbeat_that_cannot_be_sent_does_not_touch_the_file(tmp_path, monkeypatch):
     import worker.tasks as tasks
 
