@@ -9,7 +9,7 @@ from sqlmodel import SQLModel
 from backend import service
 from backend.compare import compare
 from backend.deps import ReadAuth, SessionDep
-from backend.errors import NOT_FOUND
+from backend.errors import NOT_FOUND, invalid_query
 from backend.models import Environment, Sweep
 
 router = APIRouter(prefix="/api", tags=["compare"], dependencies=[ReadAuth])
@@ -62,5 +62,10 @@ def compare_sweeps(db, a: int, b: int, threshold: float, ignore: str, allow_env_
                    loaded: tuple | None = None) -> dict[str, Any]:
     """The comparison of two stored sweeps: the API's and the page's (which passes what it loaded)."""
     rows_a, rows_b, envs = loaded or load_sweeps(db, a, b)
-    return compare(rows_a, rows_b, envs, threshold=threshold,
-                   ignore=[p.strip() for p in ignore.split(",") if p.strip()], allow_env_mismatch=allow_env_mismatch)
+    names = [p.strip() for p in ignore.split(",") if p.strip()]
+    known = {k for r in rows_a + rows_b for k in r["params"]}
+    unknown = [p for p in names if p not in known] if known else []
+    if unknown:  # a typo would otherwise match on the param it meant to leave out, and say nothing
+        raise invalid_query("ignore", f"no cell of sweep {a} or {b} has a param named "
+                                      f"{', '.join(map(repr, unknown))}; their params: {', '.join(sorted(known))}")
+    return compare(rows_a, rows_b, envs, threshold=threshold, ignore=names, allow_env_mismatch=allow_env_mismatch)

@@ -168,6 +168,8 @@ def test_compare_judges_a_known_slowdown_and_exits_by_verdict(stack, tmp_path):
     assert (tmp_path / "c.md").read_text().count("| slower |") == 2  # both cells, a 30 % slowdown
     p = benchlab("compare", str(base), "999999", "--server", stack.url)
     assert p.returncode == 2 and "404" in p.stderr
+    p = benchlab("compare", str(base), str(same), "--server", stack.url, "--ignore", "seed,sede")
+    assert p.returncode == 2 and "'sede'" in p.stderr and "seed" in p.stderr  # a typo is named, not matched on
 
 
 def test_ci_judges_a_sweep_against_its_baseline_with_exit_codes(stack, tmp_path):
