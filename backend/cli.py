@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -298,8 +299,8 @@ def _run_locally(suite: str, params, cells: list[dict[str, Any]], name: str | No
         out_path.parent.mkdir(parents=True, exist_ok=True)
     fh = out_path.open("w") if out_path else None
     if fh:
-        fh.write(RunHeader(suite=suite, params=params, name=name, repeats=repeats,
-                           created_at=time.time()).model_dump_json() + "\n")
+        fh.write(RunHeader(suite=suite, params=params, name=name, repeats=repeats, created_at=time.time(),
+                           uid=uuid.uuid4().hex).model_dump_json() + "\n")
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.fields[status]}"), console=console) as progress:
@@ -566,7 +567,7 @@ def _read_json_lines(path: Path) -> list[dict]:
 def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
             name: Optional[str] = typer.Option(None)) -> None:
     """Load a `benchlab run --out` file into the database, with its fingerprints and artifacts."""
-    from backend.service import import_results
+    from backend.service import AlreadyImported, import_results
     from backend.settings import get_settings
 
     lines = _read_json_lines(path)
@@ -574,6 +575,10 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
     with _database_session() as db:
         try:
             sweep = import_results(db, lines, name, source_dir=path.parent, artifact_root=settings.artifact_root)
+        except AlreadyImported as exc:  # the same run again: nothing to add
+            console.print(f"{path}: {exc}; nothing changed")
+            out.print(json.dumps({"id": exc.sweep_id, "jobs": 0, "already_imported": True}))
+            return
         except (ValueError, KeyError) as exc:
             console.print(f"[red]cannot import {path}:[/] {exc}")
             raise typer.Exit(2) from None

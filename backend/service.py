@@ -474,10 +474,19 @@ def _copy_artifacts(source_dir: Path, rel: str, dest: Path) -> list[dict[str, An
     return copied
 
 
+class AlreadyImported(Exception):
+    """The run file's uid names a sweep in the database already."""
+
+    def __init__(self, sweep_id: int):
+        super().__init__(f"this run was imported already, as sweep {sweep_id}")
+        self.sweep_id = sweep_id
+
+
 def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = None,
                    source_dir: Path | None = None, artifact_root: Path | None = None) -> Sweep:
     """Load a `benchlab run --out` file: a header line {"kind": "sweep", ...} then one {"kind": "cell", ...} per job.
-    With `source_dir` and `artifact_root`, each cell's artifacts are copied from beside the file."""
+    With `source_dir` and `artifact_root`, each cell's artifacts are copied from beside the file.
+    A header with a uid that a sweep has already raises AlreadyImported and adds nothing."""
     from pydantic import ValidationError
 
     from worker.suites import suite_names
@@ -494,8 +503,12 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
         raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     if header.suite not in suite_names():
         raise ValueError(f"unknown suite {header.suite!r} in the header; known: {', '.join(suite_names())}")
+    if header.uid is not None:
+        found = db.exec(select(Sweep.id).where(Sweep.uid == header.uid)).first()
+        if found is not None:
+            raise AlreadyImported(found)
     sweep = Sweep(suite=header.suite, name=name or header.name, params=header.params, tags=header.tags,
-                  repeats=header.repeats, source="import")
+                  repeats=header.repeats, source="import", **({"uid": header.uid} if header.uid else {}))
     db.add(sweep)
     db.flush()
     for c in cells:

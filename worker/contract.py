@@ -182,6 +182,9 @@ class RunHeader(_Message):
     repeats: int = Field(1, ge=1)
     env: dict[str, Any] | None = None
     created_at: float | None = None
+    # the run's own id, written by `benchlab run`: importing the same file twice makes one sweep
+    # (files written before it have none, and import as a new sweep each time)
+    uid: str | None = Field(None, min_length=1, max_length=64)
 
 
 class RunCell(_Message):

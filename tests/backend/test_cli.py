@@ -34,7 +34,16 @@ def test_run_writes_importable_results_and_prints_a_table(tmp_path):
     assert all(x["env"]["torch"] for x in lines[1:])
     imp = benchlab("import", str(out), "--name", "imported", env=env)
     assert imp.returncode == 0, imp.stderr
-    assert json.loads(imp.stdout)["jobs"] == 3
+    first = json.loads(imp.stdout)
+    assert first["jobs"] == 3
+    again = benchlab("import", str(out), env=env)  # the same run a second time adds nothing
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"id": first["id"], "jobs": 0, "already_imported": True}
+    assert f"imported already, as sweep {first['id']}" in again.stderr
+    lines[0].pop("uid")  # a file written before runs had ids imports as a new sweep
+    old = tmp_path / "old.jsonl"
+    old.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert json.loads(benchlab("import", str(old), env=env).stdout)["id"] != first["id"]
 
 
 def test_run_exits_non_zero_when_a_cell_fails(tmp_path):

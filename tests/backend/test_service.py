@@ -93,3 +93,17 @@ def test_a_ddp_page_key_changes_when_a_newer_allreduce_sweep_lands(db):
                         _cell({"size_mb": 1.0, "world_size": 2}, {"median_ms": 0.1, "backend": "gloo"})])
     assert sweep_version(db, ddp.id, suite="ddp") != before
     assert sweep_version(db, noop.id, suite="noop") == noop_before  # other suites draw no fit: unchanged
+
+
+def test_a_run_imported_twice_is_one_sweep(db):
+    from sqlmodel import select
+
+    from backend.models import Sweep
+    from backend.service import AlreadyImported, import_results
+
+    lines = [{"kind": "sweep", "suite": "noop", "params": {}, "uid": "run-1"}, _cell({"x": 1}, {"value": 1.0})]
+    first = import_results(db, lines)
+    with pytest.raises(AlreadyImported) as exc:
+        import_results(db, lines, name="renamed")
+    assert exc.value.sweep_id == first.id
+    assert len(db.exec(select(Sweep).where(Sweep.uid == "run-1")).all()) == 1
