@@ -333,12 +333,17 @@ def _run_locally(suite: str, params, cells: list[dict[str, Any]], name: str | No
 
 # -- talking to a server --------------------------------------------------------------------------
 def _load_spec(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
+    """A sweep spec file's content (YAML by its suffix, else JSON); one that cannot be read or parsed is
+    bad input (exit 2) named with the parser's own words, not a traceback."""
+    import yaml
 
-        return yaml.safe_load(text)
-    return json.loads(text)
+    try:
+        text = path.read_text()
+        return yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
+        console.print(f"[red]bad input:[/] {path} is not a readable {kind} sweep spec: {exc}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

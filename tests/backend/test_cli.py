@@ -72,6 +72,18 @@ def test_run_a_spec_file_with_a_list_of_grids_and_import_it(tmp_path):
     assert json.loads(imp.stdout)["jobs"] == 3
 
 
+def test_a_spec_that_does_not_parse_is_named_not_a_traceback(tmp_path):
+    bad_yaml, bad_json = tmp_path / "s.yaml", tmp_path / "s.json"
+    bad_yaml.write_text("suite: [\n")
+    bad_json.write_text('{"suite":')
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
+    for args in (("run", "--spec", str(bad_yaml)), ("submit", str(bad_yaml), "--server", "http://127.0.0.1:9"),
+                 ("ci", str(bad_json), "--server", "http://127.0.0.1:9")):
+        p = benchlab(*args, env=env)
+        assert p.returncode == 2, (args, p.stderr)
+        assert "is not a readable" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
 def test_run_wants_one_of_suite_spec_or_preset(tmp_path):
     env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
     both = benchlab("run", "noop", "--preset", "ddp-course-cpu", env=env)
