@@ -563,7 +563,7 @@ def _read_json_lines(path: Path) -> list[dict]:
     """The JSON objects of a JSON-lines file; a line that is not JSON ends the command with exit code 2."""
     try:
         return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         console.print(f"[red]{path} is not JSON lines:[/] {exc}")
         raise typer.Exit(2) from None
 
@@ -742,7 +742,11 @@ def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to writ
 
     n = 0
     with _database_session() as db:  # the database first: a file is written only once it can be read
-        fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
+        try:
+            fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
+        except OSError as exc:
+            console.print(f"[red]cannot write {out_path}:[/] {exc.strerror}")
+            raise typer.Exit(2) from None
         try:
             for row in export_lines(db, head_revision(), sweep or None):
                 fh.write(dumps_line(row) + "\n")

@@ -84,6 +84,19 @@ def test_a_spec_that_does_not_parse_is_named_not_a_traceback(tmp_path):
         assert "is not a readable" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
 
+def test_files_that_cannot_be_read_or_written_are_named(tmp_path):
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path / "data")}
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe\n")
+    for args in (("import", str(binary)), ("db", "import", str(binary))):
+        p = benchlab(*args, env=env)
+        assert p.returncode == 2 and "is not JSON lines" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    (tmp_path / "ro").mkdir()
+    target = tmp_path / "ro" / "missing" / "x.jsonl"
+    p = benchlab("db", "export", str(target), env=env)
+    assert p.returncode == 2 and "cannot write" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_run_wants_one_of_suite_spec_or_preset(tmp_path):
     env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
     both = benchlab("run", "noop", "--preset", "ddp-course-cpu", env=env)
