@@ -62,10 +62,23 @@ def compare_sweeps(db, a: int, b: int, threshold: float, ignore: str, allow_env_
                    loaded: tuple | None = None) -> dict[str, Any]:
     """The comparison of two stored sweeps: the API's and the page's (which passes what it loaded)."""
     rows_a, rows_b, envs = loaded or load_sweeps(db, a, b)
-    names = [p.strip() for p in ignore.split(",") if p.strip()]
-    known = {k for r in rows_a + rows_b for k in r["params"]}
-    unknown = [p for p in names if p not in known] if known else []
+    names, unknown = split_ignore(ignore, rows_a + rows_b)
     if unknown:  # a typo would otherwise match on the param it meant to leave out, and say nothing
-        raise invalid_query("ignore", f"no cell of sweep {a} or {b} has a param named "
-                                      f"{', '.join(map(repr, unknown))}; their params: {', '.join(sorted(known))}")
+        raise invalid_query("ignore", unknown_ignore_message(a, b, unknown, rows_a + rows_b))
     return compare(rows_a, rows_b, envs, threshold=threshold, ignore=names, allow_env_mismatch=allow_env_mismatch)
+
+
+def split_ignore(ignore: str, rows: list[dict]) -> tuple[list[str], list[str]]:
+    """The comma-separated `ignore` as (names some row's params have, names none has). With no rows
+    there is nothing to match, and every name counts as known."""
+    names = [p.strip() for p in ignore.split(",") if p.strip()]
+    known = {k for r in rows for k in r["params"]}
+    if not known:
+        return names, []
+    return [p for p in names if p in known], [p for p in names if p not in known]
+
+
+def unknown_ignore_message(a: int, b: int, unknown: list[str], rows: list[dict]) -> str:
+    known = sorted({k for r in rows for k in r["params"]})
+    return (f"no cell of sweep {a} or {b} has a param named {', '.join(map(repr, unknown))}; "
+            f"their params: {', '.join(known)}")

@@ -97,6 +97,11 @@ def test_compare_page_shows_ratios(browser, stack):
     verdicts = page.locator("#compare-table tr[data-verdict] .verdict").all_inner_texts()
     assert len(verdicts) == 2 and set(verdicts) <= {"slower", "faster", "same", "inconclusive"}
     page.wait_for_selector("#chart .main-svg")
+    # a typo in the ignore field is named above the form, and the cells are still compared
+    answer = page.goto(f"{stack.url}/compare?a={a}&b={b}&ignore=seq_lne")
+    assert answer.status == 422
+    assert "'seq_lne'" in page.locator("#compare-error").inner_text()
+    assert page.locator("#compare-table tbody tr").count() == 2
     page.close()
 
 
