@@ -16,7 +16,8 @@ benchmarks/flash_gluon_ab.py's config order; `--gluon-bwd dkdv=BM,BN,STAGES,WARP
 one of the Gluon backward kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's.
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
-N matmuls left in flight) and the `exp2`s and `if`s between them, in program order.
+N matmuls left in flight) and the `exp2`s and `if`s between them, in program order. The report's
+`sass_loops` gives the same loops as compiled: each one's instruction count and opcode mix per step.
 """
 from __future__ import annotations
 
@@ -105,14 +106,31 @@ def resources(cubin: Path) -> dict:
             "static_shared_bytes": int(found.get("SHARED", 0))}
 
 
+_INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)")  # opcode, predicate dropped
+_LABEL = re.compile(r"\s*(\.L_x_\d+):")
+_BRANCH_TO = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
+
+
 def sass_ops(sass: str) -> dict[str, int]:
     """How often each SASS opcode appears in the kernel (predicates dropped)."""
-    ops = Counter()
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line)
-        if m:
-            ops[m.group(1)] += 1
+    ops = Counter(m.group(1) for line in sass.splitlines() if (m := _INSTRUCTION.match(line)))
     return dict(ops.most_common())
+
+
+def sass_loops(sass: str) -> list[dict]:
+    """Each loop of the SASS, in program order: a branch back to a label above it closes one. Per loop its
+    label, instruction count and opcode mix, so a loop step's instructions can be counted (the spin on an
+    mbarrier is a loop of two)."""
+    lines = [ln for ln in sass.splitlines() if _LABEL.match(ln) or _INSTRUCTION.match(ln)]
+    labels: dict[str, int] = {}
+    loops = []
+    for i, line in enumerate(lines):
+        if (m := _LABEL.match(line)):
+            labels[m.group(1)] = i
+        elif (b := _BRANCH_TO.search(line)) and b.group(1) in labels:
+            body = [ln for ln in lines[labels[b.group(1)]:i + 1] if _INSTRUCTION.match(ln)]
+            loops.append({"label": b.group(1), "instructions": len(body), "ops": sass_ops("\n".join(body))})
+    return loops
 
 
 def write_listing(compiled, stem: Path, about: dict) -> dict:
@@ -129,7 +147,8 @@ def write_listing(compiled, stem: Path, about: dict) -> dict:
     stem.with_suffix(".sass").write_text(sass)
     report = {"kind": "flash_sass", **about, "triton": triton.__version__, "target": "sm_90",
               "shared_bytes": compiled.metadata.shared, **resources(stem.with_suffix(".cubin")),
-              "loops": loop_orders(compiled.asm["ttgir"]), "sass_ops": sass_ops(sass)}
+              "loops": loop_orders(compiled.asm["ttgir"]), "sass_ops": sass_ops(sass),
+              "sass_loops": sass_loops(sass)}
     write_report(report, stem.with_suffix(".json"))
     return report
 

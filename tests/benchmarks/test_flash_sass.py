@@ -34,6 +34,32 @@ def test_the_dkdv_loop_issues_dv_where_the_kernel_says(tmp_path, head_dim, dv_af
         assert loop[loop.index("dot:st") + 1] == "wait:0" and loop[loop.index("dot:dpt") + 1] == "wait:0"
     for suffix in (".ttgir", ".ptx", ".sass"):
         assert (tmp_path / f"dkdv_64_64_4_2_d{head_dim}_tma{suffix}").stat().st_size > 0
+    # the SASS loops: each step with exp2s also holds the step's matmuls; counts add up to the mix
+    steps = [lp for lp in report["sass_loops"] if lp["ops"].get("MUFU.EX2")]
+    assert steps and all(lp["instructions"] == sum(lp["ops"].values()) for lp in report["sass_loops"])
+    assert all(any(op.startswith("HGMMA") for op in lp["ops"]) for lp in steps)
+
+
+def test_sass_loops_are_cut_at_branches_back_to_a_label():
+    from benchmarks.flash_sass import sass_loops
+
+    sass = """
+        /*0000*/   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/   FMUL R2, R2, R3 ;
+.L_x_2:
+        /*0020*/   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R5 ;
+        /*0030*/   @!P0 BRA `(.L_x_2) ;
+        /*0040*/   MUFU.EX2 R4, R2 ;
+        /*0050*/   @P1 BRA `(.L_x_1) ;
+        /*0060*/   BRA `(.L_x_3) ;
+.L_x_3:
+        /*0070*/   EXIT ;
+"""
+    assert sass_loops(sass) == [
+        {"label": ".L_x_2", "instructions": 2, "ops": {"SYNCS.PHASECHK.TRANS64.TRYWAIT": 1, "BRA": 1}},
+        {"label": ".L_x_1", "instructions": 5,
+         "ops": {"FMUL": 1, "SYNCS.PHASECHK.TRANS64.TRYWAIT": 1, "BRA": 2, "MUFU.EX2": 1}}]
 
 
 def test_bad_input_is_named_and_writes_nothing(tmp_path):
