@@ -337,12 +337,12 @@ def _load_spec(path: Path) -> dict[str, Any]:
     bad input (exit 2) named with the parser's own words, not a traceback."""
     import yaml
 
+    is_yaml = path.suffix in (".yaml", ".yml")
     try:
         text = path.read_text()
-        return yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        return yaml.safe_load(text) if is_yaml else json.loads(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
-        kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
-        console.print(f"[red]bad input:[/] {path} is not a readable {kind} sweep spec: {exc}")
+        console.print(f"[red]bad input:[/] {path} is not a readable {'YAML' if is_yaml else 'JSON'} sweep spec: {exc}")
         raise typer.Exit(2) from None
 
 

@@ -16,9 +16,10 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 
 from backend import service, tokens
+from backend.compare import compare as compare_cells  # `compare` is the page below
 from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Sweep
-from backend.routes.compare import compare_sweeps, load_sweeps, split_ignore, unknown_ignore_message
+from backend.routes.compare import check_ignore, load_sweeps
 from backend.routes.history import load_history
 from backend.routes.plan import make_plan
 from backend.routes.suites import suite_info
@@ -121,10 +122,9 @@ def compare(request: Request, db: SessionDep, a: Annotated[int, Query(ge=1, le=2
             allow_env_mismatch: bool = False):
     sa, sb = _sweep_or_404(db, a), _sweep_or_404(db, b)
     loaded = load_sweeps(db, a, b)
-    names, unknown = split_ignore(ignore, loaded[0] + loaded[1])
     # a name no cell has: say so above the form, and compare on the names that exist (the API refuses)
-    error = unknown_ignore_message(a, b, unknown, loaded[0] + loaded[1]) if unknown else None
-    result = compare_sweeps(db, a, b, threshold, ",".join(names), allow_env_mismatch, loaded)
+    names, error = check_ignore(ignore, a, b, loaded[0] + loaded[1])
+    result = compare_cells(*loaded, threshold=threshold, ignore=names, allow_env_mismatch=allow_env_mismatch)
     cells = result["cells"]
     keys = sorted({k for c in cells for k in c["params"]
                    if len({json.dumps(x["params"].get(k)) for x in cells}) > 1}) or (

@@ -508,7 +508,9 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
         if found is not None:
             raise AlreadyImported(found)
     sweep = Sweep(suite=header.suite, name=name or header.name, params=header.params, tags=header.tags,
-                  repeats=header.repeats, source="import", **({"uid": header.uid} if header.uid else {}))
+                  repeats=header.repeats, source="import")
+    if header.uid is not None:
+        sweep.uid = header.uid
     db.add(sweep)
     db.flush()
     for c in cells:

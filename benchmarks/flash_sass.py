@@ -128,8 +128,8 @@ def sass_loops(sass: str) -> list[dict]:
         if (m := _LABEL.match(line)):
             labels[m.group(1)] = i
         elif (b := _BRANCH_TO.search(line)) and b.group(1) in labels:
-            body = [ln for ln in lines[labels[b.group(1)]:i + 1] if _INSTRUCTION.match(ln)]
-            loops.append({"label": b.group(1), "instructions": len(body), "ops": sass_ops("\n".join(body))})
+            body = [m.group(1) for ln in lines[labels[b.group(1)]:i + 1] if (m := _INSTRUCTION.match(ln))]
+            loops.append({"label": b.group(1), "instructions": len(body), "ops": dict(Counter(body).most_common())})
     return loops
 
 

@@ -45,7 +45,11 @@ def get_compare(a: SweepQ, b: SweepQ, db: SessionDep,
                    allow_env_mismatch: bool = Query(False, description="judge cells whose environments differ")):
     """Matching cells of sweeps A and B: ratio of medians B/A with a 95 % bootstrap interval, a
     Mann-Whitney p-value and a verdict (slower / faster / same / inconclusive)."""
-    return compare_sweeps(db, a, b, threshold, ignore, allow_env_mismatch)
+    rows_a, rows_b, envs = load_sweeps(db, a, b)
+    names, error = check_ignore(ignore, a, b, rows_a + rows_b)
+    if error:  # a typo would otherwise match on the param it meant to leave out, and say nothing
+        raise invalid_query("ignore", error)
+    return compare(rows_a, rows_b, envs, threshold=threshold, ignore=names, allow_env_mismatch=allow_env_mismatch)
 
 
 def load_sweeps(db, a: int, b: int) -> tuple[list[dict], list[dict], dict[int, dict]]:
@@ -58,27 +62,14 @@ def load_sweeps(db, a: int, b: int) -> tuple[list[dict], list[dict], dict[int, d
     return rows_a, rows_b, {i: db.get(Environment, i).data for i in env_ids}
 
 
-def compare_sweeps(db, a: int, b: int, threshold: float, ignore: str, allow_env_mismatch: bool,
-                   loaded: tuple | None = None) -> dict[str, Any]:
-    """The comparison of two stored sweeps: the API's and the page's (which passes what it loaded)."""
-    rows_a, rows_b, envs = loaded or load_sweeps(db, a, b)
-    names, unknown = split_ignore(ignore, rows_a + rows_b)
-    if unknown:  # a typo would otherwise match on the param it meant to leave out, and say nothing
-        raise invalid_query("ignore", unknown_ignore_message(a, b, unknown, rows_a + rows_b))
-    return compare(rows_a, rows_b, envs, threshold=threshold, ignore=names, allow_env_mismatch=allow_env_mismatch)
-
-
-def split_ignore(ignore: str, rows: list[dict]) -> tuple[list[str], list[str]]:
-    """The comma-separated `ignore` as (names some row's params have, names none has). With no rows
-    there is nothing to match, and every name counts as known."""
+def check_ignore(ignore: str, a: int, b: int, rows: list[dict]) -> tuple[list[str], str | None]:
+    """The comma-separated `ignore` of sweeps a and b as (the names some row's params have, the message
+    naming those none has, or None). With no rows there is nothing to match, and every name is kept."""
     names = [p.strip() for p in ignore.split(",") if p.strip()]
     known = {k for r in rows for k in r["params"]}
-    if not known:
-        return names, []
-    return [p for p in names if p in known], [p for p in names if p not in known]
-
-
-def unknown_ignore_message(a: int, b: int, unknown: list[str], rows: list[dict]) -> str:
-    known = sorted({k for r in rows for k in r["params"]})
-    return (f"no cell of sweep {a} or {b} has a param named {', '.join(map(repr, unknown))}; "
-            f"their params: {', '.join(known)}")
+    unknown = [p for p in names if p not in known] if known else []
+    if not unknown:
+        return names, None
+    message = (f"no cell of sweep {a} or {b} has a param named {', '.join(map(repr, unknown))}; "
+               f"their params: {', '.join(sorted(known))}")
+    return [p for p in names if p in known], message
