@@ -119,6 +119,21 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
     # unique per process: a replacement started under the same name is another worker to the reaper
     state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}:{os.getpid()}",
                            queues=queue_list)
+
+    def stop_handler(then=None):
+        def handler(signum, frame):
+            state["stopping"] = signal.Signals(signum).name
+            state["runner"].kill()
+            if callable(then):
+                then(signum, frame)
+            else:  # Celery has no handler yet: leave through the `finally` below, which says goodbye
+                raise SystemExit(0)
+        return handler
+
+    # from the banner on (so before the first heartbeat), a stop signal is a clean stop (goodbye, exit 0),
+    # even while Celery is still starting and has not installed its own handlers
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop_handler())
     console.print(f"[bold]benchlab worker[/] {state['worker']} queues={','.join(queue_list)} "
                   f"gpus={state['heartbeat'].base['gpus'] or 'none'} pid={os.getpid()}")
     for line in _describe_reach(settings):
@@ -130,19 +145,10 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
         term = signal.getsignal(signal.SIGTERM)
         for sig in STOP_SIGNALS:
             prev = term if sig == signal.SIGHUP else signal.getsignal(sig)  # Celery's SIGHUP restarts
+            signal.signal(sig, stop_handler(then=prev))
 
-            def handler(signum, frame, prev=prev):
-                state["stopping"] = signal.Signals(signum).name
-                state["runner"].kill()
-                if callable(prev):
-                    prev(signum, frame)
-                else:
-                    sys.exit(128 + signum)
-
-            signal.signal(sig, handler)
-
-    state["heartbeat"].start()
     try:
+        state["heartbeat"].start()
         celery_app.Worker(queues=queue_list, pool="solo", concurrency=1, loglevel="WARNING",
                           hostname=celery_name, without_gossip=True, without_mingle=True,
                           without_heartbeat=True).start()

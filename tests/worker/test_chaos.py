@@ -82,6 +82,24 @@ def test_a_worker_stopped_by_sigterm_says_goodbye(tmp_path):
         s.stop()
 
 
+def test_a_worker_stopped_while_it_starts_exits_cleanly(tmp_path):
+    # SIGTERM as soon as the banner is out: Celery is still starting and has no handlers of its own yet
+    s = Stack(tmp_path)
+    s.start_api()
+    try:
+        s.start_worker()
+        log = tmp_path / "worker.log"
+        wait_until(lambda: log.exists() and "benchlab worker" in log.read_text(), 60, "the worker's banner")
+        s._stop(s.worker_proc)
+        assert s.worker_proc.returncode == 0, log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text()
+        # the goodbye went out: the worker is listed, and not alive
+        workers = wait_until(lambda: s.client.get("/api/workers").json(), 15, "the worker's goodbye")
+        assert [w["alive"] for w in workers] == [False]
+    finally:
+        s.stop()
+
+
 def test_cancel_stops_a_running_cell(stack):
     sweep = stack.submit({"suite": "noop", "params": {"mode": "hang"}, "timeout_s": 600})
     job = stack.results(sweep["id"])[0]["job_id"]
