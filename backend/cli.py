@@ -126,7 +126,7 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
             state["runner"].kill()
             if callable(then):
                 then(signum, frame)
-            else:  # Celery has no handler yet: leave through the `finally` below, which says goodbye
+            else:  # no Celery handler (it is still starting): leave through the `finally`, which says goodbye
                 raise SystemExit(0)
         return handler
 
