@@ -134,6 +134,19 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def child_running(pid: int, word: str) -> int | None:
+    """The child of `pid` (a direct one) whose command line holds `word`, or None."""
+    for child in children_of(pid):
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and word.encode() in cmdline:
+            return child
+    return None
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not)."""
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import ROOT, Stack, alive, children_of, free_port, wait_until
+from tests.stack import ROOT, Stack, alive, child_running, children_of, free_port, wait_until
 
 LOST_ENV = {"BENCHLAB_WORKER_LOST_AFTER_S": "4", "BENCHLAB_REAP_INTERVAL_S": "0.5", "BENCHLAB_HEARTBEAT_S": "1"}
 
@@ -158,8 +158,7 @@ def test_up_restarts_its_worker_when_it_dies(tmp_path):
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         wait_until(lambda: _ok(client), 60, "api up")
-        first = wait_until(lambda: children_of(up.pid), 30, "worker started")
-        worker = min(first)  # the worker is started before its runner
+        worker = wait_until(lambda: child_running(up.pid, "worker"), 30, "worker started")
         os.kill(worker, signal.SIGKILL)
         sid = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": [1, 2]}}).json()["id"]
         s = client.get(f"/api/sweeps/{sid}", params={"wait_s": 60}).json()
