@@ -117,8 +117,8 @@ class Stack:
 
 
 # -- processes, for fault-injection tests and benchmarks ---------------------------------------
-def children_of(pid: int) -> set[int]:
-    """Every descendant of `pid`, from /proc."""
+def _parents() -> dict[int, int]:
+    """{pid: parent pid} of every process, from /proc."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -127,6 +127,12 @@ def children_of(pid: int) -> set[int]:
                 parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
+    return parents
+
+
+def children_of(pid: int) -> set[int]:
+    """Every descendant of `pid`, from /proc."""
+    parents = _parents()
     found, frontier = set(), {pid}
     while frontier:
         frontier = {p for p, pp in parents.items() if pp in frontier} - found
@@ -135,15 +141,15 @@ def children_of(pid: int) -> set[int]:
 
 
 def child_running(pid: int, word: str) -> int | None:
-    """The child of `pid` (a direct one) whose command line holds `word`, or None."""
-    for child in children_of(pid):
+    """The child of `pid` (a direct one) whose command line holds `word` as an argument, or None."""
+    for child, parent in _parents().items():
+        if parent != pid:
+            continue
         try:
-            stat = Path(f"/proc/{child}/stat").read_text()
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if word.encode() in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                return child
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and word.encode() in cmdline:
-            return child
     return None
 
 
