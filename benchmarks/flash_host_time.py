@@ -22,6 +22,9 @@ one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three lea
 triton.testing.do_bench of `o = attn(q, k, v, True); o.sum().backward()` with the flash apply wrapped
 in torch.compile, beside SDPA's cuDNN and flash backends, rounds alternated. --leaderboard-profile N
 lists every GPU kernel of that step per implementation (device time per step over N profiled steps).
+--leaderboard-variant NAME:KERNEL=BM,BN,WARPS,STAGES[+...] joins the rotation with the eager apply and those
+kernels pinned (the eager apply as shipped joins too): which tiles win under the course's sustained load,
+where the chip runs at its power limit, rather than in the autotuner's short bursts.
 """
 from __future__ import annotations
 
@@ -192,17 +195,40 @@ def leaderboard_inputs(form: str):
                  for _ in range(3))
 
 
-def leaderboard_steps(form: str) -> dict:
+def parse_leaderboard_variant(text: str) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """"big:fwd=256,64,8,3+dq=256,64,8,3" -> ("big", {"fwd": (256, 64, 8, 3), "dq": (256, 64, 8, 3)}):
+    a name and the kernels it pins (flash_ab's KERNEL=BM,BN,WARPS,STAGES[,MAXNREG], joined by '+')."""
+    from benchmarks.flash_ab import parse_pin
+
+    name, colon, pins = text.partition(":")
+    if not colon or not name.isidentifier() or name.startswith(("flash_triton", "sdpa")) or not pins:
+        raise argparse.ArgumentTypeError(
+            f"variant {text!r}: want NAME:KERNEL=BM,BN,WARPS,STAGES[+...], "
+            "NAME a word not starting flash_triton or sdpa")
+    pinned = dict(parse_pin(pin) for pin in pins.split("+"))
+    return name, pinned
+
+
+def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dict:
     """{implementation: step()}: the course's timed function, `o = attn(q, k, v, True); o.sum().backward()`,
-    with benchlab's apply under torch.compile (as the test wraps it) beside SDPA's cuDNN and flash backends."""
+    with benchlab's apply under torch.compile (as the test wraps it) beside SDPA's cuDNN and flash backends.
+
+    `variants` ({name: {kernel: config numbers}}) adds the eager apply with those kernels pinned, and then
+    the eager apply as shipped ("flash_triton_eager") too, so a pin is compared with its own eager path."""
     import torch
 
-    from kernels.flash_triton import FlashAttentionTriton
+    from kernels.flash_triton import FlashAttentionTriton, LaunchOptions, make_config
     from kernels.impls import get_attention
 
     q, k, v = leaderboard_inputs(form)
     impls = {"flash_triton_compiled": torch.compile(FlashAttentionTriton.apply),
              "sdpa_cudnn": get_attention("sdpa_cudnn"), "sdpa_flash": get_attention("sdpa_flash")}
+    if variants:
+        impls["flash_triton_eager"] = FlashAttentionTriton.apply
+    for name, pins in (variants or {}).items():
+        options = LaunchOptions(pinned={kernel: make_config(*cfg) for kernel, cfg in pins.items()})
+        impls[name] = lambda q, k, v, causal, options=options: FlashAttentionTriton.apply(q, k, v, causal, "tf32",
+                                                                                           options)
 
     def step_of(fn):
         def step():
@@ -212,16 +238,18 @@ def leaderboard_steps(form: str) -> dict:
     return {name: step_of(fn) for name, fn in impls.items()}
 
 
-def leaderboard(rounds: int, rep_ms: int, form: str = "course") -> dict:
+def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[str, dict] | None = None) -> dict:
     """The course's leaderboard timing: do_bench of each step, implementations in turns per round, with
-    the median SM clock and power draw nvidia-smi saw during each do_bench."""
+    the median SM clock and power draw nvidia-smi saw during each do_bench (variants: leaderboard_steps)."""
     import torch
     import triton
 
     from benchmarks.flash_timeline import SmiSampler
 
-    steps = leaderboard_steps(form)
+    steps = leaderboard_steps(form, variants)
     out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
+           "variants": {name: {kernel: list(cfg) for kernel, cfg in pins.items()}
+                        for name, pins in (variants or {}).items()},
            "ms": {}, "sm_clock_mhz_median": {}, "power_w_median": {}}
     for _ in range(rounds):
         for name, step in steps.items():
@@ -389,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaderboard-only", action="store_true", help="time the leaderboard shape and nothing else")
     ap.add_argument("--leaderboard-inputs", choices=LEADERBOARD_INPUTS, default="course",
                     help="q, k, v as the course's test makes them (views of one leaf) or as three leaves")
+    ap.add_argument("--leaderboard-variant", action="append", type=parse_leaderboard_variant, default=[],
+                    metavar="NAME:KERNEL=BM,BN,WARPS,STAGES[,MAXNREG][+...]",
+                    help="also time the eager apply with these kernels pinned (and the eager apply as shipped)")
     ap.add_argument("--leaderboard-profile", type=int, default=0, metavar="N",
                     help="also list every GPU kernel of the leaderboard step, per implementation, over N steps")
     ap.add_argument("--parts", action="store_true",
@@ -405,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                   **parts(shape, causal, args.calls, args.rounds, args.out.with_suffix(".prof.txt"))}
         print(json.dumps(report["median_us"]), file=sys.stderr, flush=True)
         return _write(args.out, report)
+    names = [name for name, _ in args.leaderboard_variant]
+    if len(set(names)) != len(names):
+        ap.error(f"--leaderboard-variant names must differ, got {names}")
     baseline = load_module(args.baseline) if args.baseline else None
     impls = implementations(baseline)
     report = {"kind": "flash_host_time", **fingerprint(args.commit), "rounds": args.rounds,
@@ -419,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                           "fwd_bwd_host_vs_sdpa_flash": ratios}), file=sys.stderr, flush=True)
         _write(args.out, report)  # after every cell: a run stopped by its time limit keeps what it finished
     if args.leaderboard or args.leaderboard_only:
-        report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms, args.leaderboard_inputs)
+        report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms, args.leaderboard_inputs,
+                                            dict(args.leaderboard_variant))
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
         _write(args.out, report)
     if args.leaderboard_profile:

@@ -65,3 +65,29 @@ def test_the_profile_sets_only_the_l2_flush_apart():
     assert not _is_flush(f"void at::native::vectorized_elementwise_kernel<4, {bf16_fill}, std::array<char*, 1ul> >"
                          f"(int, {bf16_fill}, std::array<char*, 1ul>)")
     assert not _is_flush("_bwd_dq_kernel")
+
+
+def test_a_leaderboard_variant_names_its_pins_and_rejects_a_bad_one():
+    import argparse
+
+    import pytest
+
+    from benchmarks.flash_host_time import parse_leaderboard_variant
+
+    assert parse_leaderboard_variant("big:fwd=256,64,8,3+dkdv=32,128,8,3,128") == (
+        "big", {"fwd": (256, 64, 8, 3), "dkdv": (32, 128, 8, 3, 128)})
+    for bad in ("big", "big:", "sdpa_x:fwd=128,64,4,3", "flash_triton_eager:fwd=128,64,4,3",
+                "big:fwd=128,64", "big:attn=128,64,4,3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_leaderboard_variant(bad)
+
+
+def test_duplicate_leaderboard_variant_names_stop_before_any_gpu_work(capsys):
+    import pytest
+
+    from benchmarks.flash_host_time import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", "/nonexistent/x.json", "--leaderboard-only",
+              "--leaderboard-variant", "a:fwd=128,64,4,3", "--leaderboard-variant", "a:dq=128,64,4,3"])
+    assert "must differ" in capsys.readouterr().err
