@@ -20,10 +20,10 @@ cProfile of the backward next to --out: where the host time goes.
 --leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal, unpacked from
 one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three leaves),
 triton.testing.do_bench of `o = attn(q, k, v, True); o.sum().backward()` with the flash apply wrapped
-in torch.compile, beside SDPA's cuDNN and flash backends, rounds alternated. --leaderboard-profile N
+in torch.compile (and eager), beside SDPA's cuDNN and flash backends, rounds alternated. --leaderboard-profile N
 lists every GPU kernel of that step per implementation (device time per step over N profiled steps).
 --leaderboard-variant NAME:KERNEL=BM,BN,WARPS,STAGES[+...] joins the rotation with the eager apply and those
-kernels pinned (the eager apply as shipped joins too): which tiles win under the course's sustained load,
+kernels pinned: which tiles win under the course's sustained load,
 where the chip runs at its power limit, rather than in the autotuner's short bursts.
 """
 from __future__ import annotations
@@ -211,10 +211,9 @@ def parse_leaderboard_variant(text: str) -> tuple[str, dict[str, tuple[int, ...]
 
 def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dict:
     """{implementation: step()}: the course's timed function, `o = attn(q, k, v, True); o.sum().backward()`,
-    with benchlab's apply under torch.compile (as the test wraps it) beside SDPA's cuDNN and flash backends.
-
-    `variants` ({name: {kernel: config numbers}}) adds the eager apply with those kernels pinned, and then
-    the eager apply as shipped ("flash_triton_eager") too, so a pin is compared with its own eager path."""
+    with benchlab's apply under torch.compile (as the test wraps it) and eager, beside SDPA's cuDNN and
+    flash backends. `variants` ({name: {kernel: config numbers}}) adds the eager apply with those kernels
+    pinned: compare a variant with "flash_triton_eager"."""
     import torch
 
     from kernels.flash_triton import FlashAttentionTriton, LaunchOptions, make_config
@@ -222,9 +221,8 @@ def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dic
 
     q, k, v = leaderboard_inputs(form)
     impls = {"flash_triton_compiled": torch.compile(FlashAttentionTriton.apply),
+             "flash_triton_eager": FlashAttentionTriton.apply,
              "sdpa_cudnn": get_attention("sdpa_cudnn"), "sdpa_flash": get_attention("sdpa_flash")}
-    if variants:
-        impls["flash_triton_eager"] = FlashAttentionTriton.apply
     for name, pins in (variants or {}).items():
         options = LaunchOptions(pinned={kernel: make_config(*cfg) for kernel, cfg in pins.items()})
         impls[name] = lambda q, k, v, causal, options=options: FlashAttentionTriton.apply(q, k, v, causal, "tf32",
@@ -419,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="q, k, v as the course's test makes them (views of one leaf) or as three leaves")
     ap.add_argument("--leaderboard-variant", action="append", type=parse_leaderboard_variant, default=[],
                     metavar="NAME:KERNEL=BM,BN,WARPS,STAGES[,MAXNREG][+...]",
-                    help="also time the eager apply with these kernels pinned (and the eager apply as shipped)")
+                    help="also time the eager apply with these kernels pinned")
     ap.add_argument("--leaderboard-profile", type=int, default=0, metavar="N",
                     help="also list every GPU kernel of the leaderboard step, per implementation, over N steps")
     ap.add_argument("--parts", action="store_true",

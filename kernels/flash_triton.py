@@ -746,7 +746,7 @@ def _tma_ready(t: torch.Tensor) -> bool:
     """Whether a kernel may read a (Z, H, n, d) tensor through a tensor descriptor per (z, h):
     16-bit with d in TMA_HEAD_DIMS, unit stride along d, every other stride and the address 16-byte
     aligned, on a GPU with a copy engine (sm_90+) or in the interpreter. A stride-0 gradient (from
-    `o.sum().backward()`) stays on pointer loads."""
+    `o.sum().backward()`) does not qualify: the backward copies it first (_readable_grad)."""
     elem = t.element_size()
     if elem != 2 or t.shape[-1] not in TMA_HEAD_DIMS:
         return False
@@ -1021,6 +1021,19 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return out, lse
 
 
+def _readable_grad(q: torch.Tensor, grad_out: torch.Tensor, options: LaunchOptions) -> torch.Tensor:
+    """dO as the backward's kernels read it best: copied contiguous where the copy engine could read q
+    but not dO, as with the stride-0 dO of `o.sum().backward()` (every element one address).
+
+    Left as it was, such a dO sends the dQ and dK/dV kernels to pointer loads, and at d=128 the backward
+    from the Gluon dK/dV kernel to the Triton one. On the H200 the leaderboard step (16, 16384, 64) with
+    `.sum().backward()` ran 5.09 ms eager against 4.63 ms under torch.compile, whose AOTAutograd hands
+    in a contiguous dO (docs/results/h200/flash_leaderboard/). The copy writes dO once (32 MiB there)."""
+    if options.tma and _tma_ready(_as_zhnd(q)) and not _tma_ready(_as_zhnd(grad_out)):
+        return grad_out.contiguous()
+    return grad_out
+
+
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1033,6 +1046,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     """
     if grad_out.dtype != q.dtype:
         grad_out = grad_out.to(q.dtype)
+    if not grad_out.is_contiguous():
+        grad_out = _readable_grad(q, grad_out, options)
     key = None
     if q.is_cuda:
         key = ("bwd", bool(is_causal), fp32_precision, options.key, _signature(q, k, v, out, lse, grad_out))
