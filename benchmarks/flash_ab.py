@@ -3,7 +3,8 @@ or against itself with other launch options.
 
 Both load in one process and are timed alternately on the same inputs (rounds of A then B), so
 clock drift and machine noise fall on both; outputs are compared too (`--pass bwd`: dQ, dK, dV,
-each version on its own forward's O and L). `--sdpa cudnn,flash` puts SDPA's backends in the same
+each version on its own forward's O and L; `--grad sum` gives it the stride-0 dO of `o.sum().backward()`).
+`--sdpa cudnn,flash` puts SDPA's backends in the same
 rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph).
 
     git show aab62a8:kernels/flash_triton.py > /tmp/flash_base.py
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a shape to time (repeatable; default: the four of SHAPES); a 3-number shape has no head axis")
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd",
                     help="time the forward launcher, or the backward launcher on each version's own forward outputs")
+    ap.add_argument("--grad", choices=("random", "sum"), default="random",
+                    help="--pass bwd's dO: random, or what o.sum().backward() hands in (ones, every stride 0)")
     args = ap.parse_args(argv)
     if args.pin:
         args.options["pinned"] = dict(args.pin)
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = {name: variant_options(args.options, opts) for name, opts in args.variant}
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
               "baseline_options": args.baseline_options, "variants": variants, "sdpa": args.sdpa,
-              "pass": args.which, "rounds": args.rounds, "cells": []}
+              "pass": args.which, "grad": args.grad, "rounds": args.rounds, "cells": []}
     # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, launch_options(current, args.options)),
                 "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None),
@@ -214,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+        if args.grad == "sum":
+            do = torch.ones((), device="cuda", dtype=torch.bfloat16).expand(shape)
         calls = {}
         for name, (mod, opts) in versions.items():
             saved = _call(mod, "fwd", q, k, v, do, causal, None, None, options=opts)()
