@@ -1021,15 +1021,29 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return out, lse
 
 
-def _readable_grad(q: torch.Tensor, grad_out: torch.Tensor, options: LaunchOptions) -> torch.Tensor:
+# A copied dO costs the host about 0.1 ms a call more (measured on the H200 host, not yet explained:
+# docs/results/h200/flash_leaderboard/host_time_sum_grad_8465e4e.json, forward+backward 566-743 us against
+# 456-629 for pointer loads on six shapes), so the copy is made only where the backward's GPU work is
+# large enough to gain more than that. The work is Z*H*n_q*n_k*d, halved when causal; 2^34 is
+# (1, 16, 4096, 64) not causal. Measured on the stride-0 dO: above it, (8, 16, 2048, 64) not causal
+# (2^35) ran 1.14x and (4, 16, 2048, 128) not causal (2^35) 1.30x with the copy; below it the cells were
+# host-bound with or without one ((1, 16, 4096, 64) causal, 2^33: 0.430 against 0.425 ms on the GPU).
+COPY_GRAD_MIN_WORK = 2 ** 34
+
+
+def _readable_grad(q: torch.Tensor, k: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
+                   options: LaunchOptions) -> torch.Tensor:
     """dO as the backward's kernels read it best: copied contiguous where the copy engine could read q
-    but not dO, as with the stride-0 dO of `o.sum().backward()` (every element one address).
+    but not dO, as with the stride-0 dO of `o.sum().backward()` (every element one address), and the
+    call is large enough for the copy to pay (COPY_GRAD_MIN_WORK).
 
     Left as it was, such a dO sends the dQ and dK/dV kernels to pointer loads, and at d=128 the backward
     from the Gluon dK/dV kernel to the Triton one. On the H200 the leaderboard step (16, 16384, 64) with
     `.sum().backward()` ran 5.09 ms eager against 4.63 ms under torch.compile, whose AOTAutograd hands
     in a contiguous dO (docs/results/h200/flash_leaderboard/). The copy writes dO once (32 MiB there)."""
-    if options.tma and _tma_ready(_as_zhnd(q)) and not _tma_ready(_as_zhnd(grad_out)):
+    work = q.numel() * k.shape[-2] // (2 if is_causal else 1)
+    if (work >= COPY_GRAD_MIN_WORK and options.tma and _tma_ready(_as_zhnd(q))
+            and not _tma_ready(_as_zhnd(grad_out))):
         return grad_out.contiguous()
     return grad_out
 
@@ -1047,7 +1061,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     if grad_out.dtype != q.dtype:
         grad_out = grad_out.to(q.dtype)
     if not grad_out.is_contiguous():
-        grad_out = _readable_grad(q, grad_out, options)
+        grad_out = _readable_grad(q, k, grad_out, is_causal, options)
     key = None
     if q.is_cuda:
         key = ("bwd", bool(is_causal), fp32_precision, options.key, _signature(q, k, v, out, lse, grad_out))

@@ -406,14 +406,20 @@ def test_a_stride0_gradient_is_copied_so_the_kernels_read_it_by_descriptor(monke
 
     monkeypatch.setattr(ft, "_launch", spy)
     q, k, v, _ = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 40, 64)))
+    work = 2 * 40 * 40 * 64 // 2  # Z*H*n_q*n_k*d, halved for causal
     grads = {}
-    for name, options in (("descriptors", ft.DEFAULT_OPTIONS), ("pointers", ft.LaunchOptions(tma=False))):
+    cases = (("descriptors", ft.DEFAULT_OPTIONS, work), ("pointers", ft.LaunchOptions(tma=False), 0),
+             ("small call", ft.DEFAULT_OPTIONS, work + 1))
+    for name, options, least in cases:
+        monkeypatch.setattr(ft, "COPY_GRAD_MIN_WORK", least)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         ft.FlashAttentionTriton.apply(*leaves, True, "tf32", options).sum().backward()
         grads[name] = [t.grad for t in leaves]
-    assert flags == [(True, True), (False, False)]  # copied for the descriptors; left alone without them
-    for a, b in zip(grads["descriptors"], grads["pointers"], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+    # copied for the descriptors; left alone without them, and on a call below the size where it pays
+    assert flags == [(True, True), (False, False), (False, False)]
+    for other in ("pointers", "small call"):
+        for a, b in zip(grads["descriptors"], grads[other], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
 def test_descriptor_loads_are_taken_only_where_the_layout_allows():
@@ -475,11 +481,15 @@ def test_gpu_long_bf16(causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("copied", [False, True])
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 64), True), ((3, 777, 128), False)])
-def test_gpu_sum_backward_reads_a_stride0_gradient(shape, causal):
-    # o.sum().backward() (the CS336 tests' and leaderboard's call) hands backward a stride-0 dO, which
-    # the backward copies so its kernels read it by descriptor (and at d=128 the Gluon dK/dV kernel
-    # runs): on ragged tiles here
+def test_gpu_sum_backward_reads_a_stride0_gradient(shape, causal, copied, monkeypatch):
+    # o.sum().backward() (the CS336 tests' and leaderboard's call) hands backward a stride-0 dO. Calls this
+    # small read it through pointers; from COPY_GRAD_MIN_WORK up the backward copies it so its kernels read
+    # it by descriptor (and at d=128 the Gluon dK/dV kernel runs). Both, on ragged tiles here
+    import kernels.flash_triton as ft
+
+    monkeypatch.setattr(ft, "COPY_GRAD_MIN_WORK", 0 if copied else ft.COPY_GRAD_MIN_WORK)
     q, k, v, _ = _inputs(shape, shape)
     ref_dq, ref_dk, ref_dv = _reference(q, k, v, torch.ones_like(q), causal)[2:]
     qi, ki, vi = (t.to("cuda", torch.bfloat16).requires_grad_() for t in (q, k, v))
