@@ -216,7 +216,9 @@ def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dic
     pinned: compare a variant with "flash_triton_eager"."""
     import torch
 
-    from kernels.flash_triton import FlashAttentionTriton, LaunchOptions, make_config
+    from benchmarks.flash_ab import launch_options
+    from kernels import flash_triton
+    from kernels.flash_triton import FlashAttentionTriton
     from kernels.impls import get_attention
 
     q, k, v = leaderboard_inputs(form)
@@ -224,7 +226,7 @@ def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dic
              "flash_triton_eager": FlashAttentionTriton.apply,
              "sdpa_cudnn": get_attention("sdpa_cudnn"), "sdpa_flash": get_attention("sdpa_flash")}
     for name, pins in (variants or {}).items():
-        options = LaunchOptions(pinned={kernel: make_config(*cfg) for kernel, cfg in pins.items()})
+        options = launch_options(flash_triton, {"pinned": pins})
         impls[name] = lambda q, k, v, causal, options=options: FlashAttentionTriton.apply(q, k, v, causal, "tf32",
                                                                                            options)
 
@@ -246,8 +248,7 @@ def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[s
 
     steps = leaderboard_steps(form, variants)
     out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
-           "variants": {name: {kernel: list(cfg) for kernel, cfg in pins.items()}
-                        for name, pins in (variants or {}).items()},
+           "variants": variants or {},
            "ms": {}, "sm_clock_mhz_median": {}, "power_w_median": {}}
     for _ in range(rounds):
         for name, step in steps.items():
