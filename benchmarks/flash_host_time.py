@@ -14,8 +14,9 @@ the rotation.
 
     python -m benchmarks.flash_host_time --out host.json [--baseline /tmp/flash_old.py] [--leaderboard]
 
---parts times each piece of the path (launchers, autograd, SDPA beside) on one shape and writes a
-cProfile of the backward next to --out: where the host time goes.
+--parts times each piece of the path (launchers, autograd, SDPA beside) on one shape (--parts-shape) and
+writes cProfiles of the backward on a stride-0 dO next to --out, as shipped and with the dO copied: where
+the host time goes.
 
 --leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal, unpacked from
 one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three leaves),
@@ -34,6 +35,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.flash_ab import parse_shape
 
 # (batch, heads, seq, d), causal: the shapes of the host-overhead table, then mid-size ones
 SHAPES = [((1, 16, 128, 64), True), ((1, 16, 1024, 64), True), ((4, 16, 1024, 64), True),
@@ -347,13 +350,28 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
         return call
 
     pointer = ft.LaunchOptions(tma=False)  # the same kernels with pointer loads: no in-kernel descriptors
+
+    def copying(fn):  # the call with a stride-0 dO copied contiguous whatever its size (_readable_grad)
+        def call():
+            threshold, ft.COPY_GRAD_MIN_WORK = ft.COPY_GRAD_MIN_WORK, 0
+            try:
+                fn()
+            finally:
+                ft.COPY_GRAD_MIN_WORK = threshold
+        return call
     pieces = {
         "forward_launcher": nograd(lambda: ft.flash_attention_forward(q, k, v, causal)),
         "apply_no_grad": nograd(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal)),
         "apply_with_graph": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal),
         "backward_launcher": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal),
         "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal),
+        "backward_launcher_expanded_grad_copied": copying(
+            lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal)),
+        "expanded_grad_contiguous": lambda: do_expanded.contiguous(),
+        "readable_grad_copied": copying(lambda: ft._readable_grad(q, k, do_expanded, causal, ft.DEFAULT_OPTIONS)),
+        "tma_ready_q": lambda: ft._tma_ready(ft._as_zhnd(q)),
         "fwd_bwd": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward(),
+        "fwd_bwd_copied": copying(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward()),
         "fwd_bwd_given_grad": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).backward(do),
         "backward_launcher_pointer_loads": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal,
                                                                                options=pointer),
@@ -389,16 +407,18 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
         ft.flash_attention_backward = launcher
     out["us"]["backward_launcher_inside_engine"] = inside
     out["median_us"] = {name: median_kept(xs) for name, xs in out["us"].items()}
-    if profile_path is not None:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(calls):
-            ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal)
-            ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward()
-        prof.disable()
-        torch.cuda.synchronize()
-        with open(profile_path, "w") as f:
-            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+    if profile_path is not None:  # the stride-0 dO as shipped at this shape, then copied
+        for suffix, names in (("", ("backward_launcher_expanded_grad", "fwd_bwd")),
+                              (".copied", ("backward_launcher_expanded_grad_copied", "fwd_bwd_copied"))):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                for name in names:
+                    pieces[name]()
+            prof.disable()
+            torch.cuda.synchronize()
+            with open(profile_path.with_name(profile_path.name.replace(".prof", f"{suffix}.prof")), "w") as f:
+                pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
     return out
 
 
@@ -423,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also list every GPU kernel of the leaderboard step, per implementation, over N steps")
     ap.add_argument("--parts", action="store_true",
                     help="time each piece of the launch path on one shape (and cProfile the backward) instead")
+    ap.add_argument("--parts-shape", type=parse_shape, default=(SHAPES[1][0], SHAPES[1][1]), metavar="B,H,S,D[,causal]",
+                    help="the shape --parts times (default 1,16,1024,64,causal)")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
 
@@ -430,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     from worker.harness import fingerprint
 
     if args.parts:
-        shape, causal = SHAPES[1]
+        shape, causal = args.parts_shape
         report = {"kind": "flash_host_parts", **fingerprint(args.commit),
                   **parts(shape, causal, args.calls, args.rounds, args.out.with_suffix(".prof.txt"))}
         print(json.dumps(report["median_us"]), file=sys.stderr, flush=True)
