@@ -33,6 +33,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -351,27 +352,21 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
 
     pointer = ft.LaunchOptions(tma=False)  # the same kernels with pointer loads: no in-kernel descriptors
 
-    def copying(fn):  # the call with a stride-0 dO copied contiguous whatever its size (_readable_grad)
-        def call():
-            threshold, ft.COPY_GRAD_MIN_WORK = ft.COPY_GRAD_MIN_WORK, 0
-            try:
-                fn()
-            finally:
-                ft.COPY_GRAD_MIN_WORK = threshold
-        return call
+    copy_all = ft.LaunchOptions(copy_grad_min_work=0)  # a stride-0 dO copied contiguous whatever its size
     pieces = {
         "forward_launcher": nograd(lambda: ft.flash_attention_forward(q, k, v, causal)),
         "apply_no_grad": nograd(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal)),
         "apply_with_graph": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal),
         "backward_launcher": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal),
         "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal),
-        "backward_launcher_expanded_grad_copied": copying(
-            lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal)),
+        "backward_launcher_expanded_grad_copied": lambda: ft.flash_attention_backward(
+            q, k, v, o, lse, do_expanded, causal, options=copy_all),
         "expanded_grad_contiguous": lambda: do_expanded.contiguous(),
-        "readable_grad_copied": copying(lambda: ft._readable_grad(q, k, do_expanded, causal, ft.DEFAULT_OPTIONS)),
+        "copy_decision": lambda: ft._copies_grad(q, k, do_expanded, causal, copy_all),
         "tma_ready_q": lambda: ft._tma_ready(ft._as_zhnd(q)),
+        "backward_launcher_no_grad": nograd(lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal)),
         "fwd_bwd": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward(),
-        "fwd_bwd_copied": copying(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward()),
+        "fwd_bwd_copied": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal, "tf32", copy_all).sum().backward(),
         "fwd_bwd_given_grad": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).backward(do),
         "backward_launcher_pointer_loads": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal,
                                                                                options=pointer),
@@ -406,6 +401,22 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
     finally:
         ft.flash_attention_backward = launcher
     out["us"]["backward_launcher_inside_engine"] = inside
+    # the same launcher called directly on another thread, each call timed alone as above: does the
+    # engine's thread alone make it slower?
+    elsewhere: list[float] = []
+
+    def on_thread():
+        for _ in range(rounds * calls):
+            t0 = time.perf_counter()
+            launcher(q, k, v, o, lse, do, causal)
+            elsewhere.append((time.perf_counter() - t0) * 1e6)
+    worker = threading.Thread(target=on_thread)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(rounds * calls * 4_000_000)  # the GPU busy, as host_us holds it
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    out["us"]["backward_launcher_on_a_thread"] = elsewhere[1:]  # the thread's first call is cold
     out["median_us"] = {name: median_kept(xs) for name, xs in out["us"].items()}
     if profile_path is not None:  # the stride-0 dO as shipped at this shape, then copied
         for suffix, names in (("", ("backward_launcher_expanded_grad", "fwd_bwd")),

@@ -37,6 +37,7 @@ benchlab::flash_attention_fwd / _bwd that torch.compile sees; FlashAttentionTrit
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -646,6 +647,16 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 HEAD_GROUP = 4
 
 
+# A stride-0 dO (from `o.sum().backward()`) copied contiguous costs the host a copy's launch a call
+# (its decision is kept in the launch plan), so the copy is made only where the backward's GPU work
+# is large enough to gain more than that. The work is Z*H*n_q*n_k*d, halved when causal; 2^34 is
+# (1, 16, 4096, 64) not causal. Measured on the stride-0 dO: above it, (8, 16, 2048, 64) not causal
+# (2^35) ran 1.14x and (4, 16, 2048, 128) not causal (2^35) 1.30x with the copy; below it the cells were
+# host-bound with or without one ((1, 16, 4096, 64) causal, 2^33: 0.430 against 0.425 ms on the GPU)
+# (docs/results/h200/flash_leaderboard/).
+COPY_GRAD_MIN_WORK = 2 ** 34
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """How the launchers choose tiles and grid order (GPU; the interpreter always takes CPU_CONFIG).
@@ -662,6 +673,9 @@ class LaunchOptions:
     gluon_dkdv  the backward's dK/dV kernel is the Gluon one (kernels/flash_gluon_bwd.py) where it ran
                 faster on the H200 (_gluon_dkdv: sm_90, 16-bit, d in its SHIPPED_DKDV, tensors the copy
                 engine takes, tma on and no pinned dkdv config). False keeps the Triton kernel everywhere
+    copy_grad_min_work
+                the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
+                work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
     """
 
     autotune: bool = True
@@ -669,17 +683,21 @@ class LaunchOptions:
     tma: bool = True
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     gluon_dkdv: bool = True
+    copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
         if self.head_group is not None and (isinstance(self.head_group, bool) or not isinstance(self.head_group, int)
                                             or self.head_group < 1):
             raise ValueError(f"head_group must be a positive integer or None, got {self.head_group!r}")
+        work = self.copy_grad_min_work
+        if isinstance(work, bool) or not isinstance(work, int) or work < 0:
+            raise ValueError(f"copy_grad_min_work must be a non-negative integer, got {work!r}")
         unknown = set(self.pinned) - set(FLASH_KERNELS)
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
-        object.__setattr__(self, "key", (self.autotune, self.head_group, self.tma, pinned, self.gluon_dkdv))
+        object.__setattr__(self, "key", (self.autotune, self.head_group, self.tma, pinned, self.gluon_dkdv, work))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -742,15 +760,21 @@ TMA_HEAD_DIMS = (64, 128)
 TMA_FWD_HEAD_DIMS = (128,)
 
 
+@functools.cache
+def _sm_major(device: int) -> int:
+    """The compute capability's major number of GPU `device` (torch's own query costs ~10 us a call)."""
+    return torch.cuda.get_device_capability(device)[0]
+
+
 def _tma_ready(t: torch.Tensor) -> bool:
     """Whether a kernel may read a (Z, H, n, d) tensor through a tensor descriptor per (z, h):
     16-bit with d in TMA_HEAD_DIMS, unit stride along d, every other stride and the address 16-byte
     aligned, on a GPU with a copy engine (sm_90+) or in the interpreter. A stride-0 gradient (from
-    `o.sum().backward()`) does not qualify: the backward copies it first (_readable_grad)."""
+    `o.sum().backward()`) does not qualify: the backward copies it first (_copies_grad)."""
     elem = t.element_size()
     if elem != 2 or t.shape[-1] not in TMA_HEAD_DIMS:
         return False
-    if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
+    if t.device.type == "cuda" and _sm_major(t.get_device()) < 9:
         return False
     row = t.stride(-2)  # a descriptor's row stride, even over a single row (n = 1)
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row > 0 and row * elem % 16 == 0
@@ -1021,31 +1045,21 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return out, lse
 
 
-# A copied dO costs the host about 0.1 ms a call more (measured on the H200 host, not yet explained:
-# docs/results/h200/flash_leaderboard/host_time_sum_grad_8465e4e.json, forward+backward 566-743 us against
-# 456-629 for pointer loads on six shapes), so the copy is made only where the backward's GPU work is
-# large enough to gain more than that. The work is Z*H*n_q*n_k*d, halved when causal; 2^34 is
-# (1, 16, 4096, 64) not causal. Measured on the stride-0 dO: above it, (8, 16, 2048, 64) not causal
-# (2^35) ran 1.14x and (4, 16, 2048, 128) not causal (2^35) 1.30x with the copy; below it the cells were
-# host-bound with or without one ((1, 16, 4096, 64) causal, 2^33: 0.430 against 0.425 ms on the GPU).
-COPY_GRAD_MIN_WORK = 2 ** 34
-
-
-def _readable_grad(q: torch.Tensor, k: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
-                   options: LaunchOptions) -> torch.Tensor:
-    """dO as the backward's kernels read it best: copied contiguous where the copy engine could read q
-    but not dO, as with the stride-0 dO of `o.sum().backward()` (every element one address), and the
-    call is large enough for the copy to pay (COPY_GRAD_MIN_WORK).
+def _copies_grad(q: torch.Tensor, k: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
+                 options: LaunchOptions) -> bool:
+    """Whether the backward reads dO best copied contiguous: where the copy engine could read q but not
+    dO, as with the stride-0 dO of `o.sum().backward()` (every element one address), and the call is
+    large enough for the copy to pay (options.copy_grad_min_work). A launch plan remembers the answer.
 
     Left as it was, such a dO sends the dQ and dK/dV kernels to pointer loads, and at d=128 the backward
     from the Gluon dK/dV kernel to the Triton one. On the H200 the leaderboard step (16, 16384, 64) with
     `.sum().backward()` ran 5.09 ms eager against 4.63 ms under torch.compile, whose AOTAutograd hands
     in a contiguous dO (docs/results/h200/flash_leaderboard/). The copy writes dO once (32 MiB there)."""
+    if grad_out.is_contiguous():
+        return False
     work = q.numel() * k.shape[-2] // (2 if is_causal else 1)
-    if (work >= COPY_GRAD_MIN_WORK and options.tma and _tma_ready(_as_zhnd(q))
-            and not _tma_ready(_as_zhnd(grad_out))):
-        return grad_out.contiguous()
-    return grad_out
+    return (work >= options.copy_grad_min_work and options.tma and _tma_ready(_as_zhnd(q))
+            and not _tma_ready(_as_zhnd(grad_out)))
 
 
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
@@ -1060,14 +1074,15 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     """
     if grad_out.dtype != q.dtype:
         grad_out = grad_out.to(q.dtype)
-    if not grad_out.is_contiguous():
-        grad_out = _readable_grad(q, k, grad_out, is_causal, options)
     key = None
-    if q.is_cuda:
+    if q.is_cuda:  # keyed on dO as given: a plan makes the copy below itself, with no checks
         key = ("bwd", bool(is_causal), fp32_precision, options.key, _signature(q, k, v, out, lse, grad_out))
         plan = _PLANS.get(key)
         if plan is not None:
             return plan(q, k, v, out, lse, grad_out)
+    copy_grad = _copies_grad(q, k, grad_out, is_causal, options)
+    if copy_grad:
+        grad_out = grad_out.contiguous()
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, o4, do4 = (_as_zhnd(t) for t in (q, k, v, out, grad_out))
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -1107,6 +1122,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
         shapes, dtype, device = (q.shape, k.shape, v.shape, lse.shape), q.dtype, q.device
 
         def plan(q, k, v, o, lse, do):
+            if copy_grad:
+                do = do.contiguous()
             dq = torch.empty(shapes[0], dtype=dtype, device=device)
             dk = torch.empty(shapes[1], dtype=dtype, device=device)
             dv = torch.empty(shapes[2], dtype=dtype, device=device)
