@@ -91,3 +91,13 @@ def test_duplicate_leaderboard_variant_names_stop_before_any_gpu_work(capsys):
         main(["--out", "/nonexistent/x.json", "--leaderboard-only",
               "--leaderboard-variant", "a:fwd=128,64,4,3", "--leaderboard-variant", "a:dq=128,64,4,3"])
     assert "must differ" in capsys.readouterr().err
+
+
+def test_a_bad_parts_shape_stops_before_any_gpu_work(capsys):
+    import pytest
+
+    from benchmarks.flash_host_time import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", "/nonexistent/x.json", "--parts", "--parts-shape", "8,16,0,64"])
+    assert "--parts-shape" in capsys.readouterr().err
