@@ -647,13 +647,14 @@ def _precision(dtype: torch.dtype, fp32_precision: str) -> str:
 HEAD_GROUP = 4
 
 
-# A stride-0 dO (from `o.sum().backward()`) copied contiguous costs the host a copy's launch a call
-# (its decision is kept in the launch plan), so the copy is made only where the backward's GPU work
-# is large enough to gain more than that. The work is Z*H*n_q*n_k*d, halved when causal; 2^34 is
-# (1, 16, 4096, 64) not causal. Measured on the stride-0 dO: above it, (8, 16, 2048, 64) not causal
-# (2^35) ran 1.14x and (4, 16, 2048, 128) not causal (2^35) 1.30x with the copy; below it the cells were
-# host-bound with or without one ((1, 16, 4096, 64) causal, 2^33: 0.430 against 0.425 ms on the GPU)
-# (docs/results/h200/flash_leaderboard/).
+# A stride-0 dO (from `o.sum().backward()`) copied contiguous costs the host the copy, 20 us a call on
+# the H200 host (docs/results/h200/flash_launch/, "The stride-0 dO's copy on the host"; the layout checks
+# that decide it, ~29 us more there, now run only when a launch plan is made), so the copy is made only
+# where the backward's GPU work is large enough to gain more than that. The work is Z*H*n_q*n_k*d,
+# halved when causal; 2^34 is (1, 16, 4096, 64) not causal. Measured on the stride-0 dO: above it,
+# (8, 16, 2048, 64) not causal (2^35) ran 1.14x and (4, 16, 2048, 128) not causal (2^35) 1.30x with the
+# copy; below it the cells were host-bound with or without one ((1, 16, 4096, 64) causal, 2^33: 0.430
+# against 0.425 ms on the GPU) (docs/results/h200/flash_leaderboard/).
 COPY_GRAD_MIN_WORK = 2 ** 34
 
 
