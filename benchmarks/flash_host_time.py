@@ -351,7 +351,6 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
         return call
 
     pointer = ft.LaunchOptions(tma=False)  # the same kernels with pointer loads: no in-kernel descriptors
-
     copy_all = ft.LaunchOptions(copy_grad_min_work=0)  # a stride-0 dO copied contiguous whatever its size
     pieces = {
         "forward_launcher": nograd(lambda: ft.flash_attention_forward(q, k, v, causal)),
