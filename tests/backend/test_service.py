@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlmodel import select
 
 from backend.db import make_engine, migrate, session
 from backend.models import Job, Result, SweepCreate
@@ -22,7 +23,7 @@ def db(tmp_path):
 def _one_job(db) -> Job:
     sweep, jobs = create_sweep(db, None, SweepCreate(suite="noop", params={"x": 1}), db.settings)
     assert [j.state for j in jobs] == ["queued"]
-    return db.query(Job).filter(Job.sweep_id == sweep.id).one()
+    return db.exec(select(Job).where(Job.sweep_id == sweep.id)).one()
 
 
 def result(job_id, state="done", attempt=1, **kw):
@@ -55,7 +56,8 @@ def test_stale_attempt_is_dropped_after_retry(db):
     assert not apply_event(db, result(job.id, state="failed", attempt=1))  # a late copy of attempt 1
     assert db.get(Job, job.id).state == "queued"
     assert apply_event(db, result(job.id, state="done", attempt=2))
-    assert [r.attempt for r in db.query(Result).filter(Result.job_id == job.id)] == [1, 2]
+    written = db.exec(select(Result).where(Result.job_id == job.id).order_by(Result.id))
+    assert [r.attempt for r in written] == [1, 2]
 
 
 def test_unknown_state_breaks_the_contract_and_unknown_job_is_ignored(db):
