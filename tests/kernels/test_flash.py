@@ -424,6 +424,22 @@ def test_a_stride0_gradient_is_copied_so_the_kernels_read_it_by_descriptor(monke
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
+def test_the_copy_decision_takes_only_a_large_stride0_gradient_beside_a_descriptor_q():
+    import kernels.flash_triton as ft
+
+    q = torch.randn(1, 2, 64, 64, dtype=torch.float16)
+    ones = torch.ones((), dtype=torch.float16).expand(q.shape)  # what o.sum().backward() hands in
+    work = 2 * 64 * 64 * 64  # Z*H*n_q*n_k*d
+    at = ft.LaunchOptions(copy_grad_min_work=work)
+    assert ft._copies_grad(q, q, ones, False, at)
+    assert not ft._copies_grad(q, q, ones, True, at)  # causal halves the work
+    assert not ft._copies_grad(q, q, ones.contiguous(), False, at)
+    assert not ft._copies_grad(q, q, ones, False, ft.LaunchOptions(tma=False, copy_grad_min_work=0))
+    assert not ft._copies_grad(q.float(), q.float(), ones.float(), False, ft.LaunchOptions(copy_grad_min_work=0))
+    assert ft.DEFAULT_OPTIONS.copy_grad_min_work == ft.COPY_GRAD_MIN_WORK
+    assert ft.LaunchOptions(copy_grad_min_work=0).key != ft.DEFAULT_OPTIONS.key  # plans keep the decision apart
+
+
 def test_descriptor_loads_are_taken_only_where_the_layout_allows():
     import kernels.flash_triton as ft
 
