@@ -45,6 +45,18 @@ SHAPES = [((1, 16, 128, 64), True), ((1, 16, 1024, 64), True), ((4, 16, 1024, 64
 LEADERBOARD_SHAPE = (16, 16384, 64)
 
 
+def hold_gpu(calls: int):
+    """Queue a sleep kernel that outlasts `calls` calls issued from now (~2 ms a call at the H200's ~2 GHz)
+    once the GPU is idle; returns an event recorded after it (done once the sleep has ended)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(calls * 4_000_000)
+    held = torch.cuda.Event()
+    held.record()
+    return held
+
+
 def host_us(fn, calls: int) -> float:
     """Microseconds of CPU time per call: `calls` calls with no synchronisation between them.
 
@@ -55,10 +67,7 @@ def host_us(fn, calls: int) -> float:
     """
     import torch
 
-    torch.cuda.synchronize()
-    torch.cuda._sleep(calls * 4_000_000)  # ~2 ms a call at the H200's ~2 GHz
-    held = torch.cuda.Event()
-    held.record()
+    held = hold_gpu(calls)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -410,8 +419,7 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
             launcher(q, k, v, o, lse, do, causal)
             elsewhere.append((time.perf_counter() - t0) * 1e6)
     worker = threading.Thread(target=on_thread)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(rounds * calls * 4_000_000)  # the GPU busy, as host_us holds it
+    hold_gpu(rounds * calls)  # the GPU busy, as host_us holds it
     worker.start()
     worker.join()
     torch.cuda.synchronize()
