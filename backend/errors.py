@@ -1,15 +1,17 @@
 """Error answers: one body shape (`{"detail": ...}`), declared in OpenAPI, and the handlers that map
-benchlab's own exceptions to status codes."""
+benchlab's own exceptions to status codes. A browser's navigation to a page (not /api) gets the same
+error as an HTML page instead (`page_error`), so a mistyped sweep id is not answered with raw JSON."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from backend.models import ErrorPublic
 from backend.service import BrokerUnavailable
@@ -44,29 +46,69 @@ def _printable(value: Any) -> Any:
     return value
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _allowed_methods(request: Request) -> str:
-    """Every method some route serves at this path (Starlette names only the first route's)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        regex = getattr(route, "path_regex", None)
-        if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
-            methods |= set(route.methods)
-    return ", ".join(sorted(methods))
+    """Every method some route serves at this path (Starlette names none: the 405 comes from the first
+    route whose path matched). Asked of each route through its public `matches`, which also looks
+    inside included routers."""
+    allowed = []
+    for method in METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+API_PATHS = ("/api/", "/openapi.json", "/docs", "/redoc", "/static/")
+PageError = Callable[[Request, int, list[str], dict], Response]  # (request, status, messages, headers)
+
+
+def wants_page(request: Request) -> bool:
+    """A browser navigating to a page: it names text/html in Accept (script fetches and API clients send
+    */* or JSON) and the path is not the API's."""
+    return "text/html" in request.headers.get("accept", "") and not request.url.path.startswith(API_PATHS)
+
+
+def error_messages(detail: Any) -> list[str]:
+    """An error's detail as lines for a person: FastAPI's validation entries become
+    "query parameter 'limit': Input should be greater than or equal to 2 (got '1')"."""
+    if not isinstance(detail, list):
+        return [str(detail)]
+    lines = []
+    for entry in detail:
+        if not isinstance(entry, dict):
+            lines.append(str(entry))
+            continue
+        loc = [str(part) for part in entry.get("loc", ())]
+        where = f"{loc[0]} parameter '{'.'.join(loc[1:])}'" if len(loc) > 1 else ".".join(loc) or "request"
+        got = f" (got {entry['input']!r})" if isinstance(entry.get("input"), (str, int, float)) else ""
+        lines.append(f"{where}: {entry.get('msg', 'invalid')}{got}")
+    return lines
+
+
+def install_error_handlers(app: FastAPI, page_error: PageError | None = None) -> None:
+    """`page_error`, when given, renders the error for a browser's navigation to a page (wants_page)."""
+    def answer(request: Request, status_code: int, detail: Any, headers: dict | None = None) -> Response:
+        if page_error is not None and wants_page(request):
+            if status_code == 404 and detail == "Not Found":  # no route matched: say which path
+                detail = f"nothing is at {request.url.path}"
+            return page_error(request, status_code, error_messages(detail), headers or {})
+        return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
+
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = _allowed_methods(request)
         if exc.status_code in (204, 304):
             return JSONResponse(None, status_code=exc.status_code, headers=headers)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+        return answer(request, exc.status_code, exc.detail, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _printable(jsonable_encoder(exc.errors()))}, status_code=422)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return answer(request, 422, _printable(jsonable_encoder(exc.errors())))
 
     @app.exception_handler(BrokerUnavailable)
     async def _broker_down(request: Request, exc: BrokerUnavailable) -> JSONResponse:

@@ -9,6 +9,7 @@ from backend.changes import ChangeFeed, WaiterLimit
 from backend.db import make_engine, prepare_schema
 from backend.dispatch import Dispatcher
 from backend.errors import COMMON_ERRORS, install_error_handlers
+from backend.pages import error_page
 from backend.pages import router as pages_router
 from backend.recorder import Recorder
 from backend.routes import compare, health, history, jobs, plan, presets, suites, sweeps, tokens, workers
@@ -49,5 +50,5 @@ def create_app(settings: BackendSettings | None = None, with_recorder: bool = Tr
               presets.router, tokens.router, history.router, plan.router, pages_router):
         app.include_router(r, responses=COMMON_ERRORS)
     app.add_middleware(GuardMiddleware, settings=settings)
-    install_error_handlers(app)
+    install_error_handlers(app, page_error=error_page)
     return app

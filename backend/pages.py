@@ -1,4 +1,5 @@
-"""HTML pages: `/` (sweeps and the new-sweep form), `/sweeps/{id}`, `/compare?a=&b=`, `/login`.
+"""HTML pages: `/` (sweeps and the new-sweep form), `/sweeps/{id}`, `/compare?a=&b=`, `/history`,
+`/planner`, `/login`, and the error page a browser gets for a bad page address (`error_page`).
 
 JSON reaches page script only through Jinja's `tojson` (script-safe: `<`, `>`, `&` and `'` are
 escaped), and every inline script carries the request's CSP nonce (backend/security.py).
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import OrderedDict
+from http import HTTPStatus
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -38,6 +40,19 @@ def _render(request: Request, name: str, context: dict, status_code: int = 200) 
     context = {**context, "csp_nonce": request.scope.get("state", {}).get("csp_nonce", ""),
                "auth_enabled": settings.auth_required}
     return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def error_page(request: Request, status_code: int, messages: list[str], headers: dict) -> HTMLResponse:
+    """An error for a browser's navigation (backend/errors.py picks when): the status, what was wrong, and
+    a way back. The messages echo the request's own input, which the template escapes."""
+    try:
+        reason = HTTPStatus(status_code).phrase
+    except ValueError:
+        reason = "Error"
+    answer = _render(request, "error.html", {"status_code": status_code, "reason": reason, "messages": messages},
+                     status_code=status_code)
+    answer.headers.update(headers)
+    return answer
 
 
 @router.get("/", response_class=HTMLResponse, dependencies=[PageAuth])

@@ -167,6 +167,18 @@ def test_history_page_marks_the_sweep_that_got_slower(browser, stack):
     page.close()
 
 
+def test_a_mistyped_page_address_shows_an_error_page_with_a_way_back(browser, stack):
+    page = browser.new_page()
+    answer = page.goto(stack.url + "/sweeps/987654")
+    assert answer.status == 404
+    assert page.locator("#page-error").inner_text() == "sweep 987654 not found"
+    answer = page.goto(stack.url + "/history?suite=noop&limit=1")
+    assert answer.status == 422 and "query parameter 'limit'" in page.locator("#page-error").inner_text()
+    page.click("main a[href='/']")
+    page.wait_for_selector("#suite")  # the sweeps page, with its form
+    page.close()
+
+
 def test_planner_page_draws_its_chart_and_every_strategy(browser, stack):
     page = browser.new_page()
     page.goto(stack.url + "/")
