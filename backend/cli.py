@@ -27,6 +27,18 @@ out = Console(width=160) if not sys.stdout.isatty() else Console()
 
 
 
+def _refusal(r) -> str:
+    """A server's error answer for a person: its `detail` as lines (each field named, as
+    backend.errors.error_messages words them), or the start of the body when it is not benchlab's."""
+    try:
+        detail = r.json()["detail"]
+    except (ValueError, KeyError, TypeError):
+        return r.text[:500]
+    from backend.errors import error_messages
+
+    return "; ".join(error_messages(detail))[:2000]
+
+
 def parse_param(text: str) -> tuple[str, Any]:
     """'k=v' or 'k=v1,v2,...' -> (k, value or [values]); values parsed as JSON where they can be."""
     if "=" not in text:
@@ -399,7 +411,7 @@ def _submit(body: dict, server: str, headers: dict, wait: bool, poll_s: float, t
     with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
         r = client.post("/api/sweeps", json=body)
         if r.status_code != 201:
-            console.print(f"[red]rejected ({r.status_code}):[/] {r.text}")
+            console.print(f"[red]rejected ({r.status_code}):[/] {_refusal(r)}")
             raise typer.Exit(2)
         sweep = r.json()
         console.print(f"sweep {sweep['id']}: {sweep['jobs']} jobs queued  {server}/sweeps/{sweep['id']}")
@@ -463,7 +475,7 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
             if baseline == "auto":
                 listed = client.get("/api/sweeps", params={"limit": 1000})
                 if listed.status_code != 200:
-                    console.print(f"[red]cannot list sweeps ({listed.status_code}):[/] {listed.text[:300]}")
+                    console.print(f"[red]cannot list sweeps ({listed.status_code}):[/] {_refusal(listed)}")
                     raise typer.Exit(2)
                 base = find_baseline(listed.json(), body["suite"], body.get("params") or {}, ignored,
                                      baseline_branch)
@@ -472,7 +484,7 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
                 base_id = int(baseline)
             r = client.post("/api/sweeps", json=body)
             if r.status_code != 201:
-                console.print(f"[red]rejected ({r.status_code}):[/] {r.text[:500]}")
+                console.print(f"[red]rejected ({r.status_code}):[/] {_refusal(r)}")
                 raise typer.Exit(2)
             sid = r.json()["id"]
             console.print(f"sweep {sid} ({r.json()['jobs']} jobs) {server}/sweeps/{sid}; tags {body['tags']}")
@@ -499,7 +511,7 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
 def _compare_or_exit(client, a: int, b: int, threshold: float, ignored: list[str]) -> dict:
     c = client.get("/api/compare", params={"a": a, "b": b, "threshold": threshold, "ignore": ",".join(ignored)})
     if c.status_code != 200:
-        console.print(f"[red]comparison refused ({c.status_code}):[/] {c.text[:300]}")
+        console.print(f"[red]comparison refused ({c.status_code}):[/] {_refusal(c)}")
         raise typer.Exit(2)
     return c.json()
 
@@ -523,7 +535,7 @@ def _confirm(client, result: dict, body: dict, base_id: int, sid: int, threshold
         again.update(params=cells, tags={**(body.get("tags") or {}), "confirms": str(of)})
         r = client.post("/api/sweeps", json=again)
         if r.status_code != 201:
-            console.print(f"[red]confirmation rejected ({r.status_code}):[/] {r.text[:300]}")
+            console.print(f"[red]confirmation rejected ({r.status_code}):[/] {_refusal(r)}")
             raise typer.Exit(2)
         return r.json()["id"]
 
@@ -659,7 +671,7 @@ def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
         console.print(f"[red]cannot reach the server {server}:[/] {exc}")
         raise typer.Exit(2) from None
     if r.status_code != 200:
-        console.print(f"[red]comparison refused ({r.status_code}):[/] {r.text[:500]}")
+        console.print(f"[red]comparison refused ({r.status_code}):[/] {_refusal(r)}")
         raise typer.Exit(2)
     _report_comparison(r.json(), "", json_out, markdown_out,
                        "no cell of A matches a cell of B (name the params that differ with --ignore)")

@@ -125,6 +125,16 @@ def test_submit_wait_succeeds_and_fails_by_cell_state(stack, tmp_path):
     assert p.returncode == 2 and "cannot reach" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+def test_a_refused_submit_names_each_bad_field_in_words(stack, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("suite: attention\nparams:\n  seq_len: [-1]\n  impl: nope\n")
+    p = benchlab("submit", str(spec), "--server", stack.url)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = " ".join(p.stderr.split())  # rich folds long lines
+    assert "rejected (422)" in err and "body parameter 'params.seq_len': Input should be greater than 0 (got -1)" in err
+    assert "body parameter 'params.impl'" in err and "(got 'nope')" in err and '{"detail"' not in err
+
+
 def test_api_restart_keeps_sweeps_and_results(stack):
     sweep = stack.submit({"suite": "noop", "params": {"x": [5, 6]}})
     stack.wait(sweep["id"])
