@@ -91,7 +91,7 @@ def error_messages(detail: Any) -> list[str]:
 def install_error_handlers(app: FastAPI, page_error: PageError | None = None) -> None:
     """`page_error`, when given, renders the error for a browser's navigation to a page (wants_page)."""
     def answer(request: Request, status_code: int, detail: Any, headers: dict | None = None) -> Response:
-        if page_error is not None and wants_page(request):
+        if page_error is not None and status_code >= 400 and wants_page(request):  # a redirect stays one
             if status_code == 404 and detail == "Not Found":  # no route matched: say which path
                 detail = f"nothing is at {request.url.path}"
             return page_error(request, status_code, error_messages(detail), headers or {})

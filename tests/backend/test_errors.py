@@ -70,6 +70,14 @@ def test_a_wrong_method_on_a_page_keeps_its_allow_header(client):
     assert r.headers["content-type"].startswith("text/html")
 
 
+def test_a_sign_in_redirect_is_not_made_an_error_page(tmp_path):
+    app = create_app(BackendSettings(data_dir=tmp_path, api_token="s3cret", protect_reads=True), with_recorder=False)
+    with TestClient(app, base_url="http://bench.local") as c:
+        r = c.get("/sweeps/999", headers=BROWSER, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/login?next=%2Fsweeps%2F999"
+        assert 'id="page-error"' not in r.text
+
+
 def test_error_messages_reads_validation_entries_and_plain_details():
     assert error_messages("sweep 3 not found") == ["sweep 3 not found"]
     lines = error_messages([
