@@ -30,7 +30,9 @@ where the chip runs at its power limit, rather than in the autotuner's short bur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import threading
@@ -325,6 +327,62 @@ def leaderboard_profile(iters: int, form: str = "course", rounds: int = 1) -> di
     return out
 
 
+@contextlib.contextmanager
+def on_cpu(cpu: int | None):
+    """Run the calling thread on CPU `cpu` alone inside the block (None: leave it where it is)."""
+    if cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # pid 0: this thread
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def pinning(fn, cpu: int | None):
+    """`fn`, which first moves the thread that calls it onto CPU `cpu` (None: onto every CPU this process
+    may use), so a thread we do not start (the autograd engine's) can be placed from inside a call."""
+    where = set(os.sched_getaffinity(0)) if cpu is None else {cpu}
+
+    def call(*args, **kwargs):
+        if os.sched_getaffinity(0) != where:
+            os.sched_setaffinity(0, where)
+        return fn(*args, **kwargs)
+    return call
+
+
+def handed_off_us(call, between, n: int, cpu: int | None = None) -> list[float]:
+    """Microseconds of each of `n` calls of `call` on a worker thread that the calling thread wakes once per
+    call, after running `between` itself, and then waits for: the pattern of the autograd engine, which
+    runs a CUDA backward on a device thread of its own while the caller waits. `cpu`: both threads on
+    that one CPU (the handoff then never crosses cores)."""
+    import queue
+
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    times: list[float] = []
+
+    def worker():
+        with on_cpu(cpu):
+            while todo.get():
+                t0 = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - t0) * 1e6)
+                done.put(None)
+    thread = threading.Thread(target=worker)
+    with on_cpu(cpu):
+        thread.start()
+        for _ in range(n):
+            between()
+            todo.put(True)
+            done.get()
+        todo.put(False)
+        thread.join()
+    return times
+
+
 def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | None) -> dict:
     """Host microseconds per call of each piece of the flash kernel's forward and backward, beside SDPA,
     and (profile_path) a cProfile of the backward launcher: where a forward+backward's host time goes."""
@@ -408,7 +466,7 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
             host_us(pieces["fwd_bwd"], calls)
     finally:
         ft.flash_attention_backward = launcher
-    out["us"]["backward_launcher_inside_engine"] = inside
+    out["us"]["backward_launcher_inside_engine"] = inside[:]
     # the same launcher called directly on another thread, each call timed alone as above: does the
     # engine's thread alone make it slower?
     elsewhere: list[float] = []
@@ -424,6 +482,41 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
     worker.join()
     torch.cuda.synchronize()
     out["us"]["backward_launcher_on_a_thread"] = elsewhere[1:]  # the thread's first call is cold
+    # The engine's pattern without the engine: the main thread runs a forward, then wakes a worker thread
+    # for one backward launch and waits for it; once with the threads free to run anywhere, once with
+    # both on one CPU. Then the engine itself with its device thread on the main thread's CPU, and whole
+    # calls (this kernel's and SDPA's) timed so. Which of handing off, another core, or the engine makes
+    # the launcher slower inside .backward()?
+    def forward():
+        with torch.no_grad():
+            ft.flash_attention_forward(q, k, v, causal)
+
+    def backward():
+        launcher(q, k, v, o, lse, do, causal)
+    n = rounds * calls
+    hold_gpu(2 * n)
+    out["us"]["backward_launcher_handed_off"] = handed_off_us(backward, forward, n)[1:]
+    cpu = min(os.sched_getaffinity(0))
+    hold_gpu(2 * n)
+    out["us"]["backward_launcher_handed_off_same_cpu"] = handed_off_us(backward, forward, n, cpu=cpu)[1:]
+    torch.cuda.synchronize()
+    inside.clear()
+    ft.flash_attention_backward = pinning(timed, cpu)
+    same_cpu = ("fwd_bwd", "sdpa_fwd_bwd", "fwd_bwd_given_grad", "sdpa_fwd_bwd_given_grad")
+    for name in same_cpu:
+        out["us"][f"{name}_same_cpu"] = []
+    try:
+        with on_cpu(cpu):
+            pieces["fwd_bwd"]()  # the engine's thread is on `cpu` from here on
+            for _ in range(rounds):
+                for name in same_cpu:
+                    out["us"][f"{name}_same_cpu"].append(host_us(pieces[name], calls))
+    finally:
+        ft.flash_attention_backward = pinning(launcher, None)  # the engine's thread back on every CPU
+        pieces["fwd_bwd"]()
+        ft.flash_attention_backward = launcher
+    torch.cuda.synchronize()
+    out["us"]["backward_launcher_inside_engine_same_cpu"] = inside[1:]
     out["median_us"] = {name: median_kept(xs) for name, xs in out["us"].items()}
     if profile_path is not None:  # the stride-0 dO as shipped at this shape, then copied
         for suffix, names in (("", ("backward_launcher_expanded_grad", "fwd_bwd")),

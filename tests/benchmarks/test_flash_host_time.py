@@ -1,7 +1,9 @@
 """The host-time benchmark's sampling and summary (the timing itself needs a GPU)."""
 import math
+import os
+import threading
 
-from benchmarks.flash_host_time import host_summary, interleaved_samples
+from benchmarks.flash_host_time import handed_off_us, host_summary, interleaved_samples, on_cpu, pinning
 
 
 def test_samples_are_taken_in_turns_with_a_rotating_first():
@@ -101,3 +103,47 @@ def test_a_bad_parts_shape_stops_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit):
         main(["--out", "/nonexistent/x.json", "--parts", "--parts-shape", "8,16,0,64"])
     assert "--parts-shape" in capsys.readouterr().err
+
+
+def test_a_handoff_runs_each_call_on_the_worker_after_the_callers_work_and_times_it_there():
+    events = []
+    main = threading.get_ident()
+
+    def between():
+        events.append(("between", threading.get_ident() == main))
+
+    def call():
+        events.append(("call", threading.get_ident() == main))
+
+    times = handed_off_us(call, between, 3)
+    assert events == [("between", True), ("call", False)] * 3
+    assert len(times) == 3 and all(t >= 0 for t in times)
+
+
+def test_a_handoff_on_one_cpu_keeps_both_threads_there_and_gives_the_caller_its_cpus_back():
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    seen = []
+
+    def where():
+        seen.append(os.sched_getaffinity(0))
+
+    handed_off_us(where, where, 2, cpu=cpu)
+    assert seen == [{cpu}] * 4
+    assert os.sched_getaffinity(0) == before
+
+
+def test_on_cpu_and_pinning_move_only_the_calling_thread():
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    with on_cpu(cpu):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == before
+
+    seen = []
+    thread = threading.Thread(target=pinning(lambda: seen.append(os.sched_getaffinity(0)), cpu))
+    thread.start()
+    thread.join()
+    assert seen == [{cpu}] and os.sched_getaffinity(0) == before
+    with on_cpu(None):
+        assert os.sched_getaffinity(0) == before
