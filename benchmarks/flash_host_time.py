@@ -16,7 +16,8 @@ the rotation.
 
 --parts times each piece of the path (launchers, autograd, SDPA beside) on one shape (--parts-shape) and
 writes cProfiles of the backward on a stride-0 dO next to --out, as shipped and with the dO copied: where
-the host time goes.
+the host time goes. Its last pieces take apart the launcher's extra cost inside `.backward()`: on a
+plain thread, handed to a thread once per call (the engine's pattern), and with both threads on one CPU.
 
 --leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal, unpacked from
 one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three leaves),
