@@ -40,12 +40,15 @@ def _sort_key(v):
 
 
 def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], facets: list[str], title: str,
-                y_title: str, log_x: bool = True, log_y: bool = False, scale: float = 1.0) -> go.Figure | None:
+                y_title: str, log_x: bool = True, log_y: bool = False, scale: float = 1.0,
+                marks_alone: bool = True) -> go.Figure | None:
     """One subplot per facet value, one line per series value; OOM/skipped/failed cells drawn as x markers,
-    host-bound cells hollow with their GPU-busy share in the hover."""
+    host-bound cells hollow with their GPU-busy share in the hover. None when there is nothing to draw, or
+    (marks_alone=False) when no finished cell has the metric: a chart of a figure only some devices
+    record (peak memory, which CPU cells leave empty) is left out rather than drawn with marks alone."""
     done = [r for r in rows if r.get("state") == "done" and isinstance(r.get(y), (int, float))]
     bad = [r for r in rows if r.get("state") in PROBLEM_STATES]
-    if not done and not bad:
+    if not done and (not bad or not marks_alone):
         return None
     facet_vals = sorted({_label(r, facets) for r in done + bad}, key=str)
     cols = min(len(facet_vals), 3)
@@ -125,7 +128,7 @@ def attention_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
                     log_y=True),
         facet_lines(flat, "seq_len", "tflops", series, facets, "Throughput vs sequence length", "TFLOP/s", log_y=False),
         facet_lines(flat, "seq_len", "peak_mem_bytes", series, facets, "Peak memory vs sequence length", "MiB",
-                    log_y=True, scale=1 / 2**20),
+                    log_y=True, scale=1 / 2**20, marks_alone=False),
     ]
     if any(r.get("impl") == "naive" for r in flat) and len({r.get("impl") for r in flat}) > 1:
         sp = ratio_rows(flat, "impl", "naive")
@@ -161,7 +164,7 @@ def model_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     if "context_length" in var:
         series = [k for k in var if k not in ("context_length",)] or ["checkpointing"]
         figs.append(facet_lines(flat, "context_length", "peak_mem_bytes", series, [], "Peak memory vs context length",
-                                "GiB", scale=1 / 2**30))
+                                "GiB", scale=1 / 2**30, marks_alone=False))
     else:
         series = [k for k in var if k != "size"]
         figs.append(facet_lines(flat, "size", "median_ms", series or ["scope"], [], "Time vs model size", "ms",

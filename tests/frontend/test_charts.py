@@ -95,3 +95,26 @@ def test_attention_latency_draws_a_host_bound_cell_hollow_and_says_why():
     trace = latency["data"][0]
     assert list(trace["marker"]["symbol"]) == ["circle-open", "circle"]
     assert list(trace["hovertext"]) == ["host-bound: 6 % GPU busy", ""]
+
+
+def test_a_memory_chart_with_no_measured_cell_is_left_out_but_failures_still_show_on_latency():
+    """CPU cells record no peak memory: the memory chart would hold only the skipped cell's mark."""
+    def row(impl, seq, state="done", median=1.0, mem=None):
+        metrics = {"median_ms": median, "p20_ms": median, "p80_ms": median, "tflops": 1.0, "peak_mem_bytes": mem}
+        return {"params": {"impl": impl, "seq_len": seq}, "state": state, "job_id": seq, "error": None,
+                "metrics": metrics if state == "done" else {}}
+
+    cpu = [row("naive", 64), row("naive", 128), row("flash_triton", 64, state="skipped")]
+    titles = [f["layout"]["title"]["text"] for f in sweep_figures("attention", cpu)]
+    assert not any(t.startswith("Peak memory") for t in titles)
+    latency = next(f for f in sweep_figures("attention", cpu) if f["layout"]["title"]["text"].startswith("Latency"))
+    assert any(t["name"].endswith("(skipped)") for t in latency["data"])
+
+    gpu = [row("naive", 64, mem=2**20), row("naive", 128, mem=2**21), row("flash_triton", 64, state="oom")]
+    memory = next(f for f in sweep_figures("attention", gpu) if f["layout"]["title"]["text"].startswith("Peak memory"))
+    assert [list(t["y"]) for t in memory["data"] if t["name"] == "impl=naive"] == [[1.0, 2.0]]
+    assert any(t["name"].endswith("(oom)") for t in memory["data"])
+
+    failed_only = [row("flash_triton", 64, state="oom"), row("flash_triton", 128, state="failed")]
+    titles = [f["layout"]["title"]["text"] for f in sweep_figures("attention", failed_only)]
+    assert any(t.startswith("Latency") for t in titles) and not any(t.startswith("Peak memory") for t in titles)
