@@ -237,13 +237,15 @@ def _summary_table(suite: str, rows: list[dict[str, Any]]) -> Table:
     varying = [k for k in rows[0]["params"] if len({json.dumps(r["params"][k]) for r in rows}) > 1] if rows else []
     metric_keys = [k for k in ("median_ms", "p20_ms", "p80_ms", "tflops", "busbw_gbps", "overhead", "mfu")
                    if any(isinstance(r["metrics"].get(k), (int, float)) for r in rows)]
-    table = Table(title=f"{suite}: {len(rows)} cells")
-    for k in ["cell", *varying, "state", *metric_keys, "note"]:
+    repeats = any(r.get("repeat") for r in rows)  # rows come in rounds; the table lists a cell's runs together
+    table = Table(title=f"{suite}: {len(rows)} {'runs' if repeats else 'cells'}")
+    for k in ["cell", *(["repeat"] if repeats else []), *varying, "state", *metric_keys, "note"]:
         table.add_column(k)
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (r["cell"], r.get("repeat") or 0)):
         note = (r.get("error") or "").splitlines()[0][:60] if r.get("error") else ""
         vals = [r["metrics"].get(k) for k in metric_keys]
-        table.add_row(str(r["cell"]), *[str(r["params"][k]) for k in varying], r["state"],
+        table.add_row(str(r["cell"]), *([str(r.get("repeat") or 0)] if repeats else []),
+                      *[str(r["params"][k]) for k in varying], r["state"],
                       *[f"{v:.4g}" if isinstance(v, (int, float)) else "" for v in vals], note)
     return table
 
@@ -323,8 +325,8 @@ def _run_locally(suite: str, params, cells: list[dict[str, Any]], name: str | No
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.fields[status]}"), console=console) as progress:
             task = progress.add_task(suite, total=len(cells) * repeats, status="")
-            for i, cell in enumerate(cells):
-                for rep in range(repeats):
+            for rep in range(repeats):  # in rounds, as a server queues them (backend/service.py)
+                for i, cell in enumerate(cells):
                     progress.update(task, status=f"cell {i}: starting")
                     started = time.time()
                     job = {"suite": suite, "params": cell, "artifact_dir": str(run_dir / f"cell_{i}_{rep}")}

@@ -118,8 +118,11 @@ def create_sweep(db: Session, dispatcher: Dispatcher | None, body: SweepCreate, 
                   fresh_process=body.fresh_process, source=source)
     db.add(sweep)
     db.flush()
+    # repeats run in rounds (every cell once, then every cell again): the jobs are created, and so
+    # queued, in that order. A slow drift of the host or of the GPU's clock then falls on every cell
+    # of a round alike instead of on whichever cells ran during it, and a cell's runs lie apart in time.
     jobs = [Job(sweep_id=sweep.id, cell_index=i, repeat_index=r, params=cell)
-            for i, cell in enumerate(cells) for r in range(repeats)]
+            for r in range(repeats) for i, cell in enumerate(cells)]
     db.add_all(jobs)
     if dispatcher is not None:
         dispatcher.check()  # raises BrokerUnavailable before anything is committed

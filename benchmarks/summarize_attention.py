@@ -18,13 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+
+from worker.harness import HOST_BOUND
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:
-    """(fingerprint, one row per (impl, shape, causal, dtype) with `<pass>_ms`, `_p20_ms`, `_tflops`)."""
+    """(fingerprint, one row per (impl, shape, causal, dtype) with `<pass>_ms`, `_p20_ms`, `_tflops`).
+
+    A cell run several times (a sweep's `repeats`, run in rounds) gives the median over its finished
+    runs of each figure, and `<pass>_runs`; it is host-bound when its median GPU-busy share is."""
     env, rows = {}, []
     by_shape: dict[tuple, dict] = {}
+    runs: dict[tuple, list[dict]] = {}  # (row key, pass) -> metrics of each finished run
     for line in path.read_text().splitlines():
         r = json.loads(line)
         if r.get("kind") == "env":
@@ -42,15 +49,25 @@ def load(path: Path) -> tuple[dict, list[dict]]:
             env = env or r.get("env") or {}
             pass_ = p["pass"]
             if r["state"] == "done":
-                row.update({f"{pass_}_ms": m["median_ms"], f"{pass_}_p20_ms": m["p20_ms"],
-                            f"{pass_}_p80_ms": m["p80_ms"], f"{pass_}_tflops": m.get("tflops"),
-                            "samples": m.get("samples")})
-                if m.get("out_rel_err") is not None:
-                    row["out_rel_err"] = m["out_rel_err"]
-                if m.get("host_bound"):  # the suite's mark, kept with the GPU-busy share that set it
-                    row[f"{pass_}_host_bound"], row[f"{pass_}_gpu_busy"] = True, m["gpu_busy"]
+                runs.setdefault((key, pass_), []).append(m)
             else:
                 row[f"{pass_}_error"] = f"{r['state']}: {(r.get('error') or '').splitlines()[0][:200]}"
+    for (key, pass_), ms in runs.items():
+        row = by_shape[key]
+        row.pop(f"{pass_}_error", None)  # a run that finished outweighs one that did not
+
+        def mid(name, ms=ms):
+            values = [m[name] for m in ms if isinstance(m.get(name), (int, float))]
+            return statistics.median(values) if values else None
+        row.update({f"{pass_}_ms": mid("median_ms"), f"{pass_}_p20_ms": mid("p20_ms"),
+                    f"{pass_}_p80_ms": mid("p80_ms"), f"{pass_}_tflops": mid("tflops"),
+                    f"{pass_}_runs": len(ms), "samples": sum(m.get("samples") or 0 for m in ms) or None})
+        if mid("out_rel_err") is not None:
+            row["out_rel_err"] = mid("out_rel_err")
+        busy = mid("gpu_busy")
+        # the suite's mark, kept with the GPU-busy share that set it (one run: that run's own mark)
+        if (ms[0].get("host_bound") if len(ms) == 1 else busy is not None and busy < HOST_BOUND):
+            row[f"{pass_}_host_bound"], row[f"{pass_}_gpu_busy"] = True, busy
     return env, rows + list(by_shape.values())
 
 

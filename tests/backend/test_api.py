@@ -91,6 +91,9 @@ def test_create_expands_grid_and_queues_one_task_per_job(client):
     assert len(rows) == 8 and rows[0]["params"]["d_head"] == 32 and rows[0]["params"]["pass"] == "fwd_bwd"
     # first axis varies slowest
     assert [r["params"]["seq_len"] for r in rows[::2]] == [128, 128, 256, 256]
+    # repeats are queued in rounds: every cell's first run before any cell's second
+    by_run = {(r["cell"], r["repeat"]): r["job_id"] for r in rows}
+    assert max(by_run[c, 0] for c in range(4)) < min(by_run[c, 1] for c in range(4))
     csv = client.get(f"/api/sweeps/{body['id']}/results?format=csv")
     assert csv.headers["content-type"].startswith("text/csv")
     assert csv.text.splitlines()[0].startswith("job_id,cell,repeat,state") and len(csv.text.splitlines()) == 9

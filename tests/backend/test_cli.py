@@ -46,6 +46,20 @@ def test_run_writes_importable_results_and_prints_a_table(tmp_path):
     assert json.loads(benchlab("import", str(old), env=env).stdout)["id"] != first["id"]
 
 
+def test_run_takes_repeats_in_rounds_and_lists_each_cells_runs_together(tmp_path):
+    out = tmp_path / "r.jsonl"
+    p = benchlab("run", "noop", "-p", "x=1,2", "--repeats", "2", "--out", str(out),
+                 env={"BENCHLAB_DATA_DIR": str(tmp_path / "data")})
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert [(r["cell"], r["repeat"]) for r in rows] == [(0, 0), (1, 0), (0, 1), (1, 1)]  # as they ran
+    assert all(rows[i]["finished_at"] <= rows[i + 1]["started_at"] for i in range(3))
+    assert "noop: 4 runs" in p.stdout and "repeat" in p.stdout
+    table = [line for line in p.stdout.splitlines() if line.startswith("│")]
+    assert [[x.strip() for x in line.split("│")[1:3]] for line in table] == [["0", "0"], ["0", "1"],
+                                                                            ["1", "0"], ["1", "1"]]
+
+
 def test_run_exits_non_zero_when_a_cell_fails(tmp_path):
     p = benchlab("run", "noop", "-p", "mode=ok,raise", env={"BENCHLAB_DATA_DIR": str(tmp_path)})
     assert p.returncode == 1

@@ -89,6 +89,36 @@ def test_a_host_bound_cell_is_marked_with_its_gpu_busy_share(tmp_path):
     assert line.count("(h ") == 1  # sdpa_flash kept the GPU busy: no mark
 
 
+def test_a_cell_run_several_times_gives_the_median_of_its_finished_runs(tmp_path):
+    import json
+
+    from benchmarks.summarize_attention import load
+
+    def run(repeat, ms, busy, state="done"):
+        params = {"impl": "flash_triton", "batch": 1, "heads": 16, "seq_len": 128, "d_head": 64, "causal": True,
+                  "dtype": "bf16", "pass": "fwd_bwd"}
+        metrics = {"median_ms": ms, "p20_ms": ms * 0.9, "p80_ms": ms * 1.1, "tflops": 1.0 / ms, "samples": 30,
+                   "gpu_busy": busy, "host_bound": busy < 0.8} if state == "done" else {}
+        return json.dumps({"kind": "cell", "cell": 0, "repeat": repeat, "state": state, "params": params,
+                           "metrics": metrics, "error": None if state == "done" else "CUDA out of memory"})
+
+    path = tmp_path / "runs.jsonl"
+    # three runs and one that failed: a host-bound cell whose host was slow in the last run
+    path.write_text("\n".join([run(0, 0.30, 0.5), run(1, 0.32, 0.9), run(2, 0.90, 0.2), run(3, 0, 0, "oom")]))
+    _, rows = load(path)
+    (row,) = rows
+    assert row["fwd_bwd_ms"] == 0.32 and row["fwd_bwd_runs"] == 3 and row["samples"] == 90
+    assert row["fwd_bwd_tflops"] == 1.0 / 0.32 and "fwd_bwd_error" not in row
+    assert row["fwd_bwd_host_bound"] and row["fwd_bwd_gpu_busy"] == 0.5  # the median run's share
+
+    path.write_text(run(0, 0.3, 0.9) + "\n" + run(1, 0, 0, "oom"))  # no run finished but one: that one counts
+    ((row,),) = [load(path)[1]]
+    assert row["fwd_bwd_ms"] == 0.3 and not row.get("fwd_bwd_host_bound")
+    path.write_text(run(0, 0, 0, "oom"))
+    ((row,),) = [load(path)[1]]
+    assert "fwd_bwd_ms" not in row and row["fwd_bwd_error"].startswith("oom")
+
+
 def test_the_leaderboard_shape_is_found_with_its_heads_axis():
     # the spec runs it as batch 16, heads 1: (16, 1, 16384, 64)
     out = "\n".join(goals([_row("flash_triton", (16, 1, 16384, 64), True, "bf16", 400, ms=4.6)]))
