@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-from worker.harness import HOST_BOUND
+from frontend.charts import pool_runs
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:
     """(fingerprint, one row per (impl, shape, causal, dtype) with `<pass>_ms`, `_p20_ms`, `_tflops`).
 
-    A cell run several times (a sweep's `repeats`, run in rounds) gives the median over its finished
-    runs of each figure, and `<pass>_runs`; it is host-bound when its median GPU-busy share is."""
-    env, rows = {}, []
+    A cell run several times (a sweep's `repeats`, run in rounds) gives the median of its finished
+    runs' figures and `<pass>_runs` (frontend.charts.pool_runs, as the sweep page draws it)."""
+    env, rows, cells = {}, [], []
     by_shape: dict[tuple, dict] = {}
-    runs: dict[tuple, list[dict]] = {}  # (row key, pass) -> metrics of each finished run
     for line in path.read_text().splitlines():
         r = json.loads(line)
         if r.get("kind") == "env":
@@ -39,35 +37,31 @@ def load(path: Path) -> tuple[dict, list[dict]]:
         elif r.get("kind") == "attn":
             rows.append(r)
         elif r.get("kind") == "cell":  # a benchlab run file: one cell is one pass of one shape
-            p, m = r["params"], r.get("metrics") or {}
-            shape = [p["batch"], p["heads"], p["seq_len"], p["d_head"]]
-            impl = p["impl"] + (f"[{p['precision']}]" if p.get("precision") else "")
-            key = (impl, tuple(shape), p["causal"], p["dtype"])
-            row = by_shape.setdefault(key, {"impl": impl, "shape": shape, "B": shape[0], "H": shape[1],
-                                            "S": shape[2], "D": shape[3], "causal": p["causal"],
-                                            "dtype": p["dtype"]})
+            cells.append(r)
             env = env or r.get("env") or {}
-            pass_ = p["pass"]
-            if r["state"] == "done":
-                runs.setdefault((key, pass_), []).append(m)
-            else:
-                row[f"{pass_}_error"] = f"{r['state']}: {(r.get('error') or '').splitlines()[0][:200]}"
-    for (key, pass_), ms in runs.items():
-        row = by_shape[key]
-        row.pop(f"{pass_}_error", None)  # a run that finished outweighs one that did not
-
-        def mid(name, ms=ms):
-            values = [m[name] for m in ms if isinstance(m.get(name), (int, float))]
-            return statistics.median(values) if values else None
-        row.update({f"{pass_}_ms": mid("median_ms"), f"{pass_}_p20_ms": mid("p20_ms"),
-                    f"{pass_}_p80_ms": mid("p80_ms"), f"{pass_}_tflops": mid("tflops"),
-                    f"{pass_}_runs": len(ms), "samples": sum(m.get("samples") or 0 for m in ms) or None})
-        if mid("out_rel_err") is not None:
-            row["out_rel_err"] = mid("out_rel_err")
-        busy = mid("gpu_busy")
-        # the suite's mark, kept with the GPU-busy share that set it (one run: that run's own mark)
-        if (ms[0].get("host_bound") if len(ms) == 1 else busy is not None and busy < HOST_BOUND):
-            row[f"{pass_}_host_bound"], row[f"{pass_}_gpu_busy"] = True, busy
+    failed = []
+    for r in pool_runs(cells):
+        p, m = r["params"], r.get("metrics") or {}
+        shape = [p["batch"], p["heads"], p["seq_len"], p["d_head"]]
+        impl = p["impl"] + (f"[{p['precision']}]" if p.get("precision") else "")
+        key = (impl, tuple(shape), p["causal"], p["dtype"])
+        row = by_shape.setdefault(key, {"impl": impl, "shape": shape, "B": shape[0], "H": shape[1],
+                                        "S": shape[2], "D": shape[3], "causal": p["causal"],
+                                        "dtype": p["dtype"]})
+        pass_ = p["pass"]
+        if r["state"] != "done":
+            failed.append((row, pass_, r))
+            continue
+        row.update({f"{pass_}_ms": m["median_ms"], f"{pass_}_p20_ms": m["p20_ms"],
+                    f"{pass_}_p80_ms": m["p80_ms"], f"{pass_}_tflops": m.get("tflops"),
+                    f"{pass_}_runs": m.get("runs", 1), "samples": m.get("samples")})
+        if m.get("out_rel_err") is not None:
+            row["out_rel_err"] = m["out_rel_err"]
+        if m.get("host_bound"):  # the suite's mark, kept with the GPU-busy share that set it
+            row[f"{pass_}_host_bound"], row[f"{pass_}_gpu_busy"] = True, m["gpu_busy"]
+    for row, pass_, r in failed:  # a run that finished outweighs one that did not
+        if f"{pass_}_ms" not in row:
+            row[f"{pass_}_error"] = f"{r['state']}: {(r.get('error') or '').splitlines()[0][:200]}"
     return env, rows + list(by_shape.values())
 
 
@@ -197,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         env, part = load(path)
         rows += part
+        runs = max((r.get(f"{q}_runs", 1) for r in part for q in ("fwd", "bwd", "fwd_bwd")), default=1)
         print(f"- `{path}`: {env.get('gpu_name')} (x{env.get('gpu_count')}), torch {env.get('torch')}, "
               f"triton {env.get('triton')}, driver {env.get('driver')}, commit {env.get('git_commit')}; "
-              f"median of {part[0].get('samples') if part else '?'} timed runs after warm-up, L2 flushed between runs")
+              f"median of {part[0].get('samples') if part else '?'} timed runs after warm-up, L2 flushed between runs"
+              + (f"; cells run up to {runs} times, each the median of its runs" if runs > 1 else ""))
     print()
     checks = goals(rows)
     if checks:

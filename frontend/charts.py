@@ -26,6 +26,42 @@ def flatten(row: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def pool_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell where a sweep ran cells more than once (its `repeats`).
+
+    A cell's finished runs become one row: each numeric metric is the median of the runs' values, with
+    `runs` (how many) and `runs_range` ({metric: [lowest, highest]}); the rest (lists, dicts) comes from
+    the run of median `median_ms`. Such a cell is host-bound when at least half of its runs were. A run
+    that did not finish stays a row of its own, so the charts still mark it. Rows of cells run once
+    are returned as they are. Cells are told apart by `cell`, else by their params.
+    """
+    out, by_cell = [], {}
+    for r in rows:
+        if r.get("state") == "done" and r.get("metrics"):
+            key = r["cell"] if r.get("cell") is not None else json.dumps(r.get("params"), sort_keys=True)
+            by_cell.setdefault(key, []).append(r)
+        else:
+            out.append(r)
+    for runs in by_cell.values():
+        if len(runs) == 1:
+            out.append(runs[0])
+            continue
+
+        def number(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        middle = sorted(runs, key=lambda r: r["metrics"]["median_ms"] if number(r["metrics"].get("median_ms"))
+                        else 0.0)[(len(runs) - 1) // 2]
+        metrics, ranges = dict(middle["metrics"]), {}
+        for k in {k for r in runs for k in r["metrics"]}:
+            values = [r["metrics"][k] for r in runs if number(r["metrics"].get(k))]
+            if values:
+                metrics[k], ranges[k] = statistics.median(values), [min(values), max(values)]
+        if any("host_bound" in r["metrics"] for r in runs):
+            metrics["host_bound"] = 2 * sum(bool(r["metrics"].get("host_bound")) for r in runs) >= len(runs)
+        out.append({**middle, "metrics": {**metrics, "runs": len(runs), "runs_range": ranges}})
+    return out
+
+
 def varying(rows: list[dict[str, Any]], keys: Iterable[str]) -> list[str]:
     """The keys among `keys` that take more than one value across rows."""
     return [k for k in keys if len({json.dumps(r.get(k), sort_keys=True) for r in rows}) > 1]
@@ -66,13 +102,19 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
             pts = sorted((r for r in facet_done if _label(r, series) == sv), key=lambda r: _sort_key(r.get(x)))
             if pts:
                 err = None
-                if y == "median_ms" and all("p20_ms" in r and "p80_ms" in r for r in pts):
+                if any(r.get("runs", 1) > 1 for r in pts):  # cells run several times: the runs' range
+                    lo_hi = [(r.get("runs_range") or {}).get(y, [r[y], r[y]]) for r in pts]
+                    err = dict(type="data", symmetric=False, thickness=1,
+                               array=[(hi - r[y]) * scale for r, (_, hi) in zip(pts, lo_hi, strict=True)],
+                               arrayminus=[(r[y] - lo) * scale for r, (lo, _) in zip(pts, lo_hi, strict=True)])
+                elif y == "median_ms" and all("p20_ms" in r and "p80_ms" in r for r in pts):
                     err = dict(type="data", symmetric=False, array=[(r["p80_ms"] - r[y]) * scale for r in pts],
                                arrayminus=[(r[y] - r["p20_ms"]) * scale for r in pts], thickness=1)
                 notes = [_host_bound_note(r) for r in pts]
+                hover = ["; ".join(filter(None, (_runs_note(r, y, scale), _host_bound_note(r)))) for r in pts]
                 fig.add_trace(go.Scatter(x=[r.get(x) for r in pts], y=[r[y] * scale for r in pts], mode="lines+markers",
                                          name=sv, legendgroup=sv, showlegend=sv not in shown, error_y=err,
-                                         line=dict(color=colors[sv]), hovertext=notes,
+                                         line=dict(color=colors[sv]), hovertext=hover,
                                          marker=dict(symbol=["circle-open" if n else "circle" for n in notes])),
                               row=rr, col=cc)
                 shown.add(sv)
@@ -87,6 +129,9 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
                     row=rr, col=cc)
         fig.update_xaxes(title_text=x, type="log" if log_x else None, row=rr, col=cc)
         fig.update_yaxes(title_text=y_title, type="log" if log_y else None, row=rr, col=cc)
+    runs = max((r.get("runs", 1) for r in done), default=1)
+    if runs > 1:  # pool_runs: each point is a median over runs, its bar their range
+        title += f" (cells run up to {runs} times: medians of the runs, bars their range)"
     fig.update_layout(title=title, height=max(380, 330 * nrows), margin=dict(t=70, l=60, r=20, b=90),
                       legend=dict(orientation="h", yanchor="top", y=-0.22 / nrows))
     return fig
@@ -198,6 +243,14 @@ def _ratio_bar(done, key, base_val, new_val, title) -> go.Figure | None:
 
 
 BUCKETED = ("bucketed", "zero1", "torch_ddp")  # the wrappers whose step depends on bucket_size_mb
+
+
+def _runs_note(r: dict[str, Any], y: str, scale: float = 1.0) -> str:
+    """'median of 3 runs: 0.21-0.35' for a cell run several times (pool_runs), else ''."""
+    lo_hi = (r.get("runs_range") or {}).get(y)
+    if r.get("runs", 1) < 2 or not lo_hi:
+        return ""
+    return f"median of {r['runs']} runs: {lo_hi[0] * scale:.3g}-{lo_hi[1] * scale:.3g}"
 
 
 def _host_bound_note(r: dict[str, Any]) -> str:
@@ -385,6 +438,7 @@ def sweep_figures(suite: str, rows: list[dict[str, Any]], model: dict[str, Any] 
     (comm_model in backend/service.py), drawn on the ddp and allreduce charts."""
     if not rows:
         return []
+    rows = pool_runs(rows)  # a sweep's repeats: one point per cell, its error bar the runs' range
     builder = FIGURE_BUILDERS.get(suite, generic_figures)
     figs = builder(rows, model) if suite in ("ddp", "allreduce") else builder(rows)
     return [json.loads(f.to_json()) for f in figs]

@@ -1,7 +1,7 @@
 """Figure builders on plain rows (the browser tests draw them; these check what they contain)."""
 from __future__ import annotations
 
-from frontend.charts import sweep_figures
+from frontend.charts import pool_runs, sweep_figures
 
 
 def ddp_row(wrapper, bucket, median, host_bound=False, other=None):
@@ -118,3 +118,37 @@ def test_a_memory_chart_with_no_measured_cell_is_left_out_but_failures_still_sho
     failed_only = [row("flash_triton", 64, state="oom"), row("flash_triton", 128, state="failed")]
     titles = [f["layout"]["title"]["text"] for f in sweep_figures("attention", failed_only)]
     assert any(t.startswith("Latency") for t in titles) and not any(t.startswith("Peak memory") for t in titles)
+
+
+def _run(cell, repeat, impl, seq, median, busy=0.9, state="done"):
+    metrics = {"median_ms": median, "p20_ms": median * 0.9, "p80_ms": median * 1.1, "tflops": 1 / median,
+               "samples_ms": [median] * 3, "gpu_busy": busy, "host_bound": busy < 0.8} if state == "done" else {}
+    return {"cell": cell, "repeat": repeat, "params": {"impl": impl, "seq_len": seq}, "state": state,
+            "job_id": 10 * cell + repeat, "error": None if state == "done" else "CUDA out of memory",
+            "metrics": metrics}
+
+
+def test_pool_runs_gives_a_cell_the_medians_of_its_finished_runs_and_keeps_the_rest():
+    rows = [_run(0, 0, "a", 64, 1.0, busy=0.5), _run(0, 1, "a", 64, 3.0, busy=0.9), _run(0, 2, "a", 64, 2.0, busy=0.3),
+            _run(0, 3, "a", 64, 0, state="oom"), _run(1, 0, "a", 128, 5.0)]
+    pooled = pool_runs(rows)
+    cell0 = next(r for r in pooled if r["cell"] == 0 and r["state"] == "done")
+    m = cell0["metrics"]
+    assert m["median_ms"] == 2.0 and m["runs"] == 3 and m["runs_range"]["median_ms"] == [1.0, 3.0]
+    assert m["tflops"] == 1 / 2.0 and m["gpu_busy"] == 0.5
+    assert m["host_bound"] is True  # two of its three runs were
+    assert cell0["repeat"] == 2 and m["samples_ms"] == [2.0] * 3  # the rest from the run of median median_ms
+    assert [r["state"] for r in pooled if r["cell"] == 0].count("oom") == 1  # the failed run stays, marked
+    assert next(r for r in pooled if r["cell"] == 1) == rows[4]  # a cell run once is left as it is
+    assert pool_runs(rows[4:]) == rows[4:]
+
+
+def test_a_sweep_with_repeats_draws_one_point_per_cell_with_the_runs_range():
+    rows = [_run(c, rep, impl, seq, base * (1 + rep)) for rep in range(3)
+            for c, (impl, seq, base) in enumerate([("a", 64, 1.0), ("a", 128, 2.0), ("b", 64, 0.5), ("b", 128, 1.0)])]
+    latency = next(f for f in sweep_figures("attention", rows) if f["layout"]["title"]["text"].startswith("Latency"))
+    assert "up to 3 times" in latency["layout"]["title"]["text"]
+    a = next(t for t in latency["data"] if t["name"] == "impl=a")
+    assert list(a["x"]) == [64, 128] and list(a["y"]) == [2.0, 4.0]  # medians of 1, 2, 3 and 2, 4, 6
+    assert list(a["error_y"]["array"]) == [1.0, 2.0] and list(a["error_y"]["arrayminus"]) == [1.0, 2.0]
+    assert list(a["hovertext"]) == ["median of 3 runs: 1-3", "median of 3 runs: 2-6"]
