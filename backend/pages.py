@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 
 from backend import service, tokens
+from backend.compare import ENV_KEYS
 from backend.compare import compare as compare_cells  # `compare` is the page below
 from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Sweep
@@ -115,12 +116,12 @@ def sweep_data(sweep_id: DbId, db: SessionDep,
     return Response(head[:-1] + "," + cached[1][1:], media_type="application/json")
 
 
-def _env_diff(rows_a, rows_b, envs: dict[int, dict]) -> list[tuple[str, str, str]]:
+def _env_diff(rows_a, rows_b, envs: dict[int, dict], keys: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(key, A's values, B's values) for each fingerprint key among `keys` on which the sweeps differ."""
     ea = [envs[i] for i in {r["env_id"] for r in rows_a if r["env_id"]}]
     eb = [envs[i] for i in {r["env_id"] for r in rows_b if r["env_id"]}]
     if not ea or not eb:
         return []
-    keys = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton", "python", "git_commit", "host")
     out = []
     for k in keys:
         va, vb = sorted({str(e.get(k)) for e in ea}), sorted({str(e.get(k)) for e in eb})
@@ -145,7 +146,10 @@ def compare(request: Request, db: SessionDep, a: Annotated[int, Query(ge=1, le=2
                    if len({json.dumps(x["params"].get(k)) for x in cells}) > 1}) or (
         sorted(cells[0]["params"])[:4] if cells else [])
     return _render(request, "compare.html", {
-        "a": sa, "b": sb, "result": result, "keys": keys, "env_diff": _env_diff(*loaded),
+        # the fingerprint keys the verdicts depend on (a difference makes them inconclusive), apart
+        # from what differs as a matter of course when two commits are compared
+        "a": sa, "b": sb, "result": result, "keys": keys, "env_diff": _env_diff(*loaded, ENV_KEYS),
+        "run_diff": _env_diff(*loaded, ("git_commit", "python", "host")), "allow_env_mismatch": allow_env_mismatch,
         "ignore": ignore, "threshold": threshold, "figure": compare_figure(result), "error": error},
         status_code=422 if error else 200)
 

@@ -88,3 +88,29 @@ def test_error_messages_reads_validation_entries_and_plain_details():
     assert lines == ["query parameter 'limit': Input should be greater than or equal to 2 (got '1')",
                      "body parameter 'params.impl': Input should be 'naive' (got 'nope')",
                      "query parameter 'suite': Field required"]
+
+
+def test_the_compare_page_warns_of_another_environment_but_only_notes_another_commit(tmp_path):
+    """Two commits compared is the page's purpose: a commit, host or Python apart is noted, not warned of;
+    a GPU or library apart is warned of, with what it does to the verdicts."""
+    from backend.db import make_engine, migrate, session
+    from backend.service import import_results
+
+    settings = BackendSettings(data_dir=tmp_path)
+    engine = make_engine(settings)
+    migrate(engine)
+
+    def run(commit, gpu="G"):
+        env = {"gpu_name": gpu, "torch": "x", "python": "3", "git_commit": commit}
+        return [{"kind": "sweep", "suite": "noop", "params": {}},
+                {"kind": "cell", "cell": 0, "params": {"x": 1}, "state": "done", "env": env,
+                 "metrics": {"median_ms": 1.0, "samples_ms": [1.0, 1.01, 0.99, 1.0, 1.02]}}]
+    with session(engine) as db:
+        a, b, c = (import_results(db, run(commit, gpu)).id for commit, gpu in (("aaa", "G"), ("bbb", "G"),
+                                                                                 ("bbb", "H")))
+    with TestClient(create_app(settings, with_recorder=False)) as client:
+        page = client.get(f"/compare?a={a}&b={b}", headers=BROWSER).text
+        assert 'id="env-diff"' not in page and "git_commit: A aaa, B bbb" in page
+        page = client.get(f"/compare?a={a}&b={c}", headers=BROWSER).text
+        assert 'id="env-diff"' in page and "<b>gpu_name</b> G vs H" in page and "inconclusive" in page
+        assert "git_commit" not in page.split('id="env-diff"')[1].split("</div>")[0]
