@@ -20,8 +20,8 @@ class Params(SuiteParams):
     size_mb: float = Field(16.0, gt=0, le=16_384)
     world_size: Positive = 2
     dtype: Dtype = "fp32"
-    warmup: NonNegative = 5
-    repeats: Positive = 20
+    warmup: NonNegative = Field(5, description="untimed all-reduces first")
+    repeats: Positive = Field(20, description="timed all-reduces: the samples of one run")
     device: Device = "auto"
 
 

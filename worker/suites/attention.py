@@ -48,8 +48,9 @@ class Params(SuiteParams):
     device: Device = "auto"
     precision: Precision | None = Field(None, description="fp32 only: tf32 (one TF32 pass), tf32x3 (~fp32) or "
                                                           "ieee; unset: the implementation's default")
-    warmup: NonNegative = 3
-    repeats: Positive = 10
+    warmup: NonNegative = Field(3, description="untimed calls first")
+    repeats: Positive = Field(10, description="timed calls: the samples of one run (the sweep's own repeats are "
+                                              "runs of each cell)")
 
     @model_validator(mode="after")
     def _precision_is_for_fp32(self):
