@@ -56,7 +56,7 @@ class Params(SuiteParams):
     optimizer: Literal["adamw", "sgd"] = "adamw"
     attention: Literal[MODEL_ATTENTION_IMPLS] = "sdpa"
     warmup: NonNegative = Field(2, description="untimed steps of each variant")
-    steps: Positive = Field(20, description="timed steps of each variant")
+    steps: Positive = Field(20, description="timed steps of each variant: the samples of one run")
     device: Device = "auto"
     threads_per_rank: NonNegative = Field(0, description="CPU only: torch threads per rank (0: torch's default)")
 

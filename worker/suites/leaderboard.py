@@ -65,8 +65,8 @@ class Params(SuiteParams):
                                                       "backward (0: the whole logits at once, 20 GB in fp32 at "
                                                       "full size)")
     cold_start: bool = Field(True, description="empty Triton and inductor caches in each rank")
-    warmup: NonNegative = 1
-    steps: Positive = 5
+    warmup: NonNegative = Field(1, description="untimed steps first")
+    steps: Positive = Field(5, description="timed steps: the samples of one run")
     device: Device = "auto"
 
     @model_validator(mode="after")

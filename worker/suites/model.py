@@ -42,7 +42,7 @@ class Params(SuiteParams):
     optimizer: Literal["course", "torch", "torch_fused", "sgd"] = "course"
     scope: Scope = "step"
     warmup: NonNegative = Field(3, description="untimed steps first; 0 shows first-call costs")
-    steps: Positive = 10
+    steps: Positive = Field(10, description="timed steps: the samples of one run")
     device: Device = "auto"
     profile: bool = Field(False, description="write a profiler trace, kernel summary and memory snapshot")
     memory_detail: bool = Field(False, description="count saved-for-backward bytes per block")
