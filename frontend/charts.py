@@ -187,10 +187,15 @@ def model_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     flat = _prepare(rows)
     figs: list[go.Figure | None] = []
     done = [r for r in flat if r.get("state") == "done"]
-    # stacked forward / backward / optimizer per configuration, from the three scopes
+    params = list(rows[0]["params"]) if rows else []
+    var = varying(flat, params)
+    # stacked forward / backward / optimizer per configuration (every varying param but the scope),
+    # from the three scopes
+    config = [k for k in var if k != "scope"]
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for r in done:
-        label = f"{r.get('size')} {r.get('precision')}{' compiled' if r.get('compile') else ''}"
+        label = (", ".join(f"{k}={r.get(k)}" for k in config) if config else
+                 f"{r.get('size')} {r.get('precision')}{' compiled' if r.get('compile') else ''}")
         groups[label][r.get("scope")] = r.get("median_ms")
     stacked = {k: v for k, v in groups.items() if "fwd" in v and ("fwd_bwd" in v or "step" in v)}
     if stacked:
@@ -204,8 +209,6 @@ def model_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
         figs.append(fig)
     figs.append(_ratio_bar(done, "precision", "fp32", "bf16", "bf16 autocast speed-up over fp32"))
     figs.append(_ratio_bar(done, "compile", False, True, "torch.compile speed-up over eager"))
-    params = list(rows[0]["params"]) if rows else []
-    var = varying(flat, params)
     if "context_length" in var:
         series = [k for k in var if k not in ("context_length",)] or ["checkpointing"]
         figs.append(facet_lines(flat, "context_length", "peak_mem_bytes", series, [], "Peak memory vs context length",
@@ -225,15 +228,20 @@ def model_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
 
 
 def _ratio_bar(done, key, base_val, new_val, title) -> go.Figure | None:
+    """new_val's speed-up over base_val of param `key`, one bar per configuration of the other params
+    (labelled by those that vary)."""
     pairs = defaultdict(dict)
     for r in done:
         other = json.dumps({k: v for k, v in r["_params"].items() if k != key}, sort_keys=True)
         pairs[other][r.get(key)] = r
+    params = [r["_params"] for r in done]
+    shown = [k for k in varying(params, params[0]) if k != key] if params else []
     xs, ys = [], []
     for other, d in pairs.items():
         if base_val in d and new_val in d and d[new_val].get("median_ms"):
             o = json.loads(other)
-            xs.append(f"{o.get('size')} {o.get('scope')} {o.get('precision', '')}".strip())
+            xs.append(", ".join(f"{k}={o.get(k)}" for k in shown) or
+                      f"{o.get('size')} {o.get('scope')} {o.get('precision', '')}".strip())
             ys.append(d[base_val]["median_ms"] / d[new_val]["median_ms"])
     if not xs:
         return None

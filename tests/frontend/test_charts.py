@@ -152,3 +152,22 @@ def test_a_sweep_with_repeats_draws_one_point_per_cell_with_the_runs_range():
     assert list(a["x"]) == [64, 128] and list(a["y"]) == [2.0, 4.0]  # medians of 1, 2, 3 and 2, 4, 6
     assert list(a["error_y"]["array"]) == [1.0, 2.0] and list(a["error_y"]["arrayminus"]) == [1.0, 2.0]
     assert list(a["hovertext"]) == ["median of 3 runs: 1-3", "median of 3 runs: 2-6"]
+
+
+def test_model_charts_keep_configurations_apart_that_differ_in_any_param():
+    """Two context lengths of one size used to fold into one bar (labels named size and precision only)."""
+    base = {"size": "custom", "batch": 2, "compile": False, "device": "cpu"}
+    scopes = (("fwd", 1.0), ("fwd_bwd", 3.0), ("step", 4.0))
+    rows = [{"params": {**base, "context_length": ctx, "precision": prec, "scope": scope}, "state": "done",
+             "job_id": 1, "error": None,
+             "metrics": {"median_ms": t * (2 if ctx == 64 else 1) * (0.5 if prec == "bf16" else 1)}}
+            for ctx in (32, 64) for prec in ("fp32", "bf16") for scope, t in scopes]
+    figs = {f["layout"]["title"]["text"]: f for f in sweep_figures("model", rows)}
+    stacked = figs["Time per scope (median ms)"]
+    forward = next(t for t in stacked["data"] if t["name"] == "forward")
+    labels = list(forward["x"])
+    assert len(labels) == 4 and len(set(labels)) == 4
+    assert dict(zip(labels, forward["y"], strict=True))["context_length=64, precision=fp32"] == 2.0
+    speedup = figs["bf16 autocast speed-up over fp32"]["data"][0]
+    assert len(set(speedup["x"])) == 6 and "context_length=32, scope=fwd" in speedup["x"]
+    assert list(speedup["y"]) == [2.0] * 6
