@@ -329,17 +329,19 @@ def _memory_chart(flat: list[dict[str, Any]], var: list[str]) -> go.Figure | Non
         return None
     parts = ("params", "grads", "optimizer_state", "other")
     stages = (("after_construction", "built"), ("before_step", "before step"), ("after_step", "after step"))
-    labels, values = [], {p: [] for p in parts}
+    # two rows of labels: each cell's values of the varying params once, under its ranks and stages
+    cells, points, values = [], [], {p: [] for p in parts}
     for r in done:
         for rank, mem in enumerate(r["memory_by_rank"]):
             for key, stage in stages:
                 split = mem.get(key) or {}
-                labels.append(f"{_label(r, var)} | rank {rank} | {stage}")
+                cells.append(" ".join(str(r.get(k)) for k in var) or "all")
+                points.append(f"r{rank} {stage}")
                 for p in parts:
                     values[p].append((split.get(p) or 0) / 2**20)  # `other` is None on CPU
-    fig = go.Figure([go.Bar(name=p, x=labels, y=values[p]) for p in parts])
+    fig = go.Figure([go.Bar(name=p, x=[cells, points], y=values[p]) for p in parts])
     fig.update_layout(barmode="stack", title="Memory per rank (MiB; each storage counted once)", yaxis_title="MiB",
-                      height=520, margin=dict(b=200))
+                      xaxis_title=" / ".join(var) or None, height=560, margin=dict(b=170))
     return fig
 
 

@@ -40,6 +40,9 @@ def test_cpu_rows_without_other_memory_still_draw():
     mem = next(f for f in figs if "Memory" in f["layout"]["title"]["text"])
     other = next(t for t in mem["data"] if t["name"] == "other")
     assert other["y"] == [0] * 12  # 2 cells x 2 ranks x 3 stages
+    cells, points = other["x"]  # two rows of labels: the cell once under its ranks and stages
+    assert cells == ["1"] * 6 + ["10"] * 6 and points[:4] == ["r0 built", "r0 before step", "r0 after step", "r1 built"]
+    assert mem["layout"]["xaxis"]["title"]["text"] == "bucket_size_mb"
 
 
 def test_allreduce_latency_chart_draws_each_fit():
