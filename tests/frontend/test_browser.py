@@ -167,6 +167,21 @@ def test_history_page_marks_the_sweep_that_got_slower(browser, stack):
     page.close()
 
 
+def test_a_sweep_with_repeats_lists_each_run_and_draws_one_point_per_cell(browser, stack):
+    sid = stack.submit({"suite": "noop", "repeats": 3, "params": {"work_ms": 2, "repeats": 5, "x": [1, 2]}})["id"]
+    stack.wait(sid)
+    page = browser.new_page()
+    page.goto(f"{stack.url}/sweeps/{sid}")
+    page.wait_for_selector("#table-wrap tr[data-state=done] td.run")
+    runs = page.locator("#table-wrap td.run").all_inner_texts()
+    assert sorted(runs) == ["1", "1", "2", "2", "3", "3"]
+    page.wait_for_selector("#chart-0 .main-svg, .chart .main-svg", timeout=20000)
+    xs = page.evaluate("[...document.querySelectorAll('.chart')].filter(d => d.data)"
+                       ".flatMap(d => d.data.filter(t => t.mode === 'lines+markers').map(t => t.x.length))")
+    assert xs and all(n == 2 for n in xs)  # two cells, each one point however many runs
+    page.close()
+
+
 def test_a_mistyped_page_address_shows_an_error_page_with_a_way_back(browser, stack):
     page = browser.new_page()
     answer = page.goto(stack.url + "/sweeps/987654")
