@@ -17,7 +17,8 @@ def matches(params: dict[str, Any], want: dict[str, Any]) -> bool:
 def history(sweeps: list[tuple[dict[str, Any], list[dict[str, Any]]]], want: dict[str, Any],
             threshold: float = 0.05, seed: int = 0, ignore: set[str] | None = None) -> list[dict[str, Any]]:
     """One series per distinct cell whose params include `want` (cells told apart by their params
-    less `ignore`), from (sweep summary, result rows) pairs oldest first; each point: sweep, commit,
+    less `ignore`), from (sweep summary, result rows) pairs oldest first; each point: sweep, commit (the
+    sweep's `commit` tag, else the summary's `ran_at_commit`: the commit its cells' fingerprints name),
     branch, median with interval, and the verdict against the previous point (`regression` when slower)."""
     ignore = ignore or set()
     series: dict[str, dict[str, Any]] = {}
@@ -29,7 +30,8 @@ def history(sweeps: list[tuple[dict[str, Any], list[dict[str, Any]]]], want: dic
             shown = {k: v for k, v in cell["params"].items() if k not in ignore}
             s = series.setdefault(key, {"params": shown, "points": [], "_last": None})
             med, lo, hi = median_interval(cell["samples"], seed=seed)
-            point = {"sweep_id": summary["id"], "created_at": summary["created_at"], "commit": tags.get("commit"),
+            commit = tags.get("commit") or summary.get("ran_at_commit")  # the tag, else the cells' fingerprint
+            point = {"sweep_id": summary["id"], "created_at": summary["created_at"], "commit": commit,
                      "branch": tags.get("branch"), "median_ms": med, "ci_low": lo, "ci_high": hi,
                      "n": len(cell["samples"]), "ratio": None, "verdict": None, "regression": False}
             if s["_last"] is not None:

@@ -11,7 +11,7 @@ from backend import service
 from backend.deps import ReadAuth, SessionDep
 from backend.errors import invalid_query
 from backend.history import history
-from backend.models import Sweep
+from backend.models import Environment, Sweep
 from worker.suites import suite_names
 
 router = APIRouter(prefix="/api", tags=["history"], dependencies=[ReadAuth])
@@ -66,7 +66,12 @@ def load_history(db, suite: str, params: str, threshold: float, limit: int, bran
         summary = service.get_summary(db, sweep)
         if summary["status"] != "done" or (branch and (sweep.tags or {}).get("branch") != branch):
             continue
-        picked.append((summary, service.result_rows(db, sweep.id)))
+        rows = service.result_rows(db, sweep.id)
+        if not (sweep.tags or {}).get("commit"):  # untagged: the commit its cells ran at, where they agree
+            commits = {db.get(Environment, i).data.get("git_commit") for i in {r["env_id"] for r in rows} if i}
+            if len(commits) == 1 and None not in commits:
+                summary = {**summary, "ran_at_commit": commits.pop()}
+        picked.append((summary, rows))
         if len(picked) == limit:
             break
     picked.reverse()  # oldest first

@@ -55,3 +55,26 @@ def test_history_api_and_page_refuse_bad_input_by_name(client):
     assert empty == {"suite": "noop", "params": {}, "threshold": 0.05, "sweeps": 0, "ignore": [], "series": []}
     page = client.get("/history", params={"suite": "noop", "params": '{"x": 1}'})
     assert page.status_code == 200 and "History of noop cells" in page.text
+
+
+def test_an_untagged_sweeps_commit_is_the_one_its_cells_ran_at(tmp_path):
+    from backend.db import make_engine, migrate, session
+    from backend.service import import_results
+
+    settings = BackendSettings(data_dir=tmp_path)
+    engine = make_engine(settings)
+    migrate(engine)
+
+    def run(tags, *commits):
+        cells = [{"kind": "cell", "cell": i, "params": {"x": 1, "y": i}, "state": "done",
+                  "env": {"gpu_name": "G", "torch": "x", "python": "3", "git_commit": c},
+                  "metrics": {"median_ms": 1.0, "samples_ms": [1.0, 1.01, 0.99]}} for i, c in enumerate(commits)]
+        return [{"kind": "sweep", "suite": "noop", "params": {}, "tags": tags}, *cells]
+    with session(engine) as db:
+        for tags, commits in (({"commit": "tagged"}, ("abc",)), ({}, ("abc",)), ({}, ("abc", "def"))):
+            import_results(db, run(tags, *commits))
+    with TestClient(create_app(settings, with_recorder=False)) as c:
+        body = c.get("/api/history", params={"suite": "noop", "params": '{"y": 0}'}).json()
+    [series] = body["series"]
+    # the tag wins; untagged, the cells' commit; cells at two commits name none
+    assert [p["commit"] for p in series["points"]] == ["tagged", "abc", None]
