@@ -560,6 +560,11 @@ def sweep_version(db: Session, sweep_id: int, counts: dict[str, int] | None = No
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
+def environments(db: Session, rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The fingerprints the rows' jobs ran with, by environment id."""
+    return {i: db.get(Environment, i).data for i in {r["env_id"] for r in rows if r["env_id"]}}
+
+
 def _gpu_of(db: Session, rows: list[dict[str, Any]]) -> str | None:
     env_id = next((r["env_id"] for r in rows if r.get("env_id")), None)
     env = db.get(Environment, env_id) if env_id else None

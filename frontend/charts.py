@@ -26,6 +26,10 @@ def flatten(row: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def pool_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per cell where a sweep ran cells more than once (its `repeats`).
 
@@ -46,14 +50,11 @@ def pool_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(runs) == 1:
             out.append(runs[0])
             continue
-
-        def number(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-        middle = sorted(runs, key=lambda r: r["metrics"]["median_ms"] if number(r["metrics"].get("median_ms"))
+        middle = sorted(runs, key=lambda r: r["metrics"]["median_ms"] if _number(r["metrics"].get("median_ms"))
                         else 0.0)[(len(runs) - 1) // 2]
         metrics, ranges = dict(middle["metrics"]), {}
         for k in {k for r in runs for k in r["metrics"]}:
-            values = [r["metrics"][k] for r in runs if number(r["metrics"].get(k))]
+            values = [r["metrics"][k] for r in runs if _number(r["metrics"].get(k))]
             if values:
                 metrics[k], ranges[k] = statistics.median(values), [min(values), max(values)]
         if any("host_bound" in r["metrics"] for r in runs):
@@ -111,7 +112,7 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
                     err = dict(type="data", symmetric=False, array=[(r["p80_ms"] - r[y]) * scale for r in pts],
                                arrayminus=[(r[y] - r["p20_ms"]) * scale for r in pts], thickness=1)
                 notes = [_host_bound_note(r) for r in pts]
-                hover = ["; ".join(filter(None, (_runs_note(r, y, scale), _host_bound_note(r)))) for r in pts]
+                hover = ["; ".join(filter(None, (_runs_note(r, y, scale), n))) for r, n in zip(pts, notes, strict=True)]
                 fig.add_trace(go.Scatter(x=[r.get(x) for r in pts], y=[r[y] * scale for r in pts], mode="lines+markers",
                                          name=sv, legendgroup=sv, showlegend=sv not in shown, error_y=err,
                                          line=dict(color=colors[sv]), hovertext=hover,
@@ -194,7 +195,7 @@ def model_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     config = [k for k in var if k != "scope"]
     groups: dict[str, dict[str, float]] = defaultdict(dict)
     for r in done:
-        label = (", ".join(f"{k}={r.get(k)}" for k in config) if config else
+        label = (_label(r, config) if config else
                  f"{r.get('size')} {r.get('precision')}{' compiled' if r.get('compile') else ''}")
         groups[label][r.get("scope")] = r.get("median_ms")
     stacked = {k: v for k, v in groups.items() if "fwd" in v and ("fwd_bwd" in v or "step" in v)}
@@ -240,7 +241,7 @@ def _ratio_bar(done, key, base_val, new_val, title) -> go.Figure | None:
     for other, d in pairs.items():
         if base_val in d and new_val in d and d[new_val].get("median_ms"):
             o = json.loads(other)
-            xs.append(", ".join(f"{k}={o.get(k)}" for k in shown) or
+            xs.append(_label(o, shown) if shown else
                       f"{o.get('size')} {o.get('scope')} {o.get('precision', '')}".strip())
             ys.append(d[base_val]["median_ms"] / d[new_val]["median_ms"])
     if not xs:

@@ -10,7 +10,7 @@ from backend import service
 from backend.compare import compare
 from backend.deps import ReadAuth, SessionDep
 from backend.errors import NOT_FOUND, invalid_query
-from backend.models import Environment, Sweep
+from backend.models import Sweep
 
 router = APIRouter(prefix="/api", tags=["compare"], dependencies=[ReadAuth])
 SweepQ = Annotated[int, Query(ge=1, le=2**63 - 1)]
@@ -58,8 +58,7 @@ def load_sweeps(db, a: int, b: int) -> tuple[list[dict], list[dict], dict[int, d
         if db.get(Sweep, sid) is None:
             raise HTTPException(404, detail=f"sweep {sid} not found")
     rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
-    env_ids = {r["env_id"] for r in rows_a + rows_b if r["env_id"]}
-    return rows_a, rows_b, {i: db.get(Environment, i).data for i in env_ids}
+    return rows_a, rows_b, service.environments(db, rows_a + rows_b)
 
 
 def check_ignore(ignore: str, a: int, b: int, rows: list[dict]) -> tuple[list[str], str | None]:

@@ -11,7 +11,7 @@ from backend import service
 from backend.deps import ReadAuth, SessionDep
 from backend.errors import invalid_query
 from backend.history import history
-from backend.models import Environment, Sweep
+from backend.models import Sweep
 from worker.suites import suite_names
 
 router = APIRouter(prefix="/api", tags=["history"], dependencies=[ReadAuth])
@@ -68,7 +68,7 @@ def load_history(db, suite: str, params: str, threshold: float, limit: int, bran
             continue
         rows = service.result_rows(db, sweep.id)
         if not (sweep.tags or {}).get("commit"):  # untagged: the commit its cells ran at, where they agree
-            commits = {db.get(Environment, i).data.get("git_commit") for i in {r["env_id"] for r in rows} if i}
+            commits = {env.get("git_commit") for env in service.environments(db, rows).values()}
             if len(commits) == 1 and None not in commits:
                 summary = {**summary, "ran_at_commit": commits.pop()}
         picked.append((summary, rows))
