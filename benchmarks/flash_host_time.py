@@ -18,6 +18,7 @@ the rotation.
 writes cProfiles of the backward on a stride-0 dO next to --out, as shipped and with the dO copied: where
 the host time goes. Its last pieces take apart the launcher's extra cost inside `.backward()`: on a
 plain thread, handed to a thread once per call (the engine's pattern), and with both threads on one CPU.
+On a machine with no GPU it runs under the interpreter in fp32, which checks the script, not the numbers.
 
 --leaderboard adds the course's leaderboard test: q, k, v (16, 16384, 64) bf16 causal, unpacked from
 one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three leaves),
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.flash_ab import parse_shape
 
@@ -48,11 +50,22 @@ SHAPES = [((1, 16, 128, 64), True), ((1, 16, 1024, 64), True), ((4, 16, 1024, 64
 LEADERBOARD_SHAPE = (16, 16384, 64)
 
 
-def hold_gpu(calls: int):
-    """Queue a sleep kernel that outlasts `calls` calls issued from now (~2 ms a call at the H200's ~2 GHz)
-    once the GPU is idle; returns an event recorded after it (done once the sleep has ended)."""
+def synchronize() -> None:
+    """Wait for the GPU, where there is one."""
     import torch
 
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def hold_gpu(calls: int):
+    """Queue a sleep kernel that outlasts `calls` calls issued from now (~2 ms a call at the H200's ~2 GHz)
+    once the GPU is idle; returns an event recorded after it (done once the sleep has ended). With no GPU
+    (the interpreter, for checking a script) there is nothing to hold: None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
     torch.cuda.synchronize()
     torch.cuda._sleep(calls * 4_000_000)
     held = torch.cuda.Event()
@@ -68,15 +81,13 @@ def host_us(fn, calls: int) -> float:
     GPU's pace (the figure would read GPU time). Returns nan when the sleep ended before the calls did
     (the host may have waited); keep `calls` x launches per call well under the queue's ~1000.
     """
-    import torch
-
     held = hold_gpu(calls)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     t1 = time.perf_counter()
-    waited = held.query()
-    torch.cuda.synchronize()
+    waited = held is not None and held.query()
+    synchronize()
     return float("nan") if waited else (t1 - t0) / calls * 1e6
 
 
@@ -384,29 +395,35 @@ def handed_off_us(call, between, n: int, cpu: int | None = None) -> list[float]:
     return times
 
 
-def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | None) -> dict:
-    """Host microseconds per call of each piece of the flash kernel's forward and backward, beside SDPA,
-    and (profile_path) a cProfile of the backward launcher: where a forward+backward's host time goes."""
-    import cProfile
-    import pstats
-
+def parts_inputs(shape, causal: bool, device: str) -> SimpleNamespace:
+    """q, k, v (leaves, bf16 on a GPU, fp32 for the CPU's interpreter), the forward's o and lse, a dO, and
+    the stride-0 dO that `o.sum().backward()` passes."""
     import torch
 
     from kernels import flash_triton as ft
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-               for _ in range(3))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
     with torch.no_grad():
         o, lse = ft.flash_attention_forward(q, k, v, causal)
-    do = torch.randn_like(o)
-    do_expanded = torch.ones((), device="cuda", dtype=o.dtype).expand(o.shape)  # what o.sum().backward() passes
+    return SimpleNamespace(q=q, k=k, v=v, o=o, lse=lse, causal=causal, do=torch.randn_like(o),
+                           do_expanded=torch.ones((), device=device, dtype=o.dtype).expand(o.shape))
+
+
+def parts_pieces(x: SimpleNamespace) -> dict:
+    """name -> a call of one piece of the launch path on the inputs x (parts_inputs), SDPA's beside."""
+    import torch
+
+    from kernels import flash_triton as ft
+
+    q, k, v, o, lse, do, causal = x.q, x.k, x.v, x.o, x.lse, x.do, x.causal
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     class Identity(torch.autograd.Function):  # a Python autograd node that does no work: the engine's share
         @staticmethod
-        def forward(ctx, x):
-            return x.clone()
+        def forward(ctx, t):
+            return t.clone()
 
         @staticmethod
         def backward(ctx, grad):
@@ -420,16 +437,16 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
 
     pointer = ft.LaunchOptions(tma=False)  # the same kernels with pointer loads: no in-kernel descriptors
     copy_all = ft.LaunchOptions(copy_grad_min_work=0)  # a stride-0 dO copied contiguous whatever its size
-    pieces = {
+    return {
         "forward_launcher": nograd(lambda: ft.flash_attention_forward(q, k, v, causal)),
         "apply_no_grad": nograd(lambda: ft.FlashAttentionTriton.apply(q, k, v, causal)),
         "apply_with_graph": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal),
         "backward_launcher": lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal),
-        "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, do_expanded, causal),
+        "backward_launcher_expanded_grad": lambda: ft.flash_attention_backward(q, k, v, o, lse, x.do_expanded, causal),
         "backward_launcher_expanded_grad_copied": lambda: ft.flash_attention_backward(
-            q, k, v, o, lse, do_expanded, causal, options=copy_all),
-        "expanded_grad_contiguous": lambda: do_expanded.contiguous(),
-        "copy_decision": lambda: ft._copies_grad(q, k, do_expanded, causal, copy_all),
+            q, k, v, o, lse, x.do_expanded, causal, options=copy_all),
+        "expanded_grad_contiguous": lambda: x.do_expanded.contiguous(),
+        "copy_decision": lambda: ft._copies_grad(q, k, x.do_expanded, causal, copy_all),
         "tma_ready_q": lambda: ft._tma_ready(ft._as_zhnd(q)),
         "backward_launcher_no_grad": nograd(lambda: ft.flash_attention_backward(q, k, v, o, lse, do, causal)),
         "fwd_bwd": lambda: ft.FlashAttentionTriton.apply(q, k, v, causal).sum().backward(),
@@ -446,92 +463,143 @@ def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | Non
         "sdpa_fwd_bwd_given_grad": lambda: sdpa(q, k, v, is_causal=causal).backward(do),
         "empty_like_x4": lambda: [torch.empty_like(q) for _ in range(4)],
     }
-    for fn in pieces.values():  # compile, autotune and plan first
-        fn()
-    out = {"shape": list(shape), "causal": causal, "calls": calls, "us": {name: [] for name in pieces}}
-    for _ in range(rounds):
-        for name, fn in pieces.items():
-            out["us"][name].append(host_us(fn, calls))
-    # the backward launcher's own time when the autograd engine calls it (its thread, inside .backward())
-    inside, launcher = [], ft.flash_attention_backward
 
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return launcher(*args, **kwargs)
-        finally:
-            inside.append((time.perf_counter() - t0) * 1e6)
-    ft.flash_attention_backward = timed
+
+def pieces_us(pieces: dict, names, rounds: int, calls: int) -> dict[str, list[float]]:
+    """Host µs per call of each named piece, one sample a round, the pieces in turn within a round."""
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            out[name].append(host_us(pieces[name], calls))
+    return out
+
+
+@contextlib.contextmanager
+def backward_launcher_wrapped(wrap):
+    """Inside the block the kernel's backward launcher is wrap(launcher), wherever it is called from (the
+    autograd engine's thread included); afterwards it is the module's own again."""
+    from kernels import flash_triton as ft
+
+    launcher = ft.flash_attention_backward
+    ft.flash_attention_backward = wrap(launcher)
     try:
-        for _ in range(rounds):
-            host_us(pieces["fwd_bwd"], calls)
+        yield
     finally:
         ft.flash_attention_backward = launcher
-    out["us"]["backward_launcher_inside_engine"] = inside[:]
-    # the same launcher called directly on another thread, each call timed alone as above: does the
-    # engine's thread alone make it slower?
-    elsewhere: list[float] = []
+
+
+def timing_into(times: list[float]):
+    """A wrap for backward_launcher_wrapped: each call's µs is appended to `times`."""
+    def wrap(fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times.append((time.perf_counter() - t0) * 1e6)
+        return timed
+    return wrap
+
+
+def launcher_on_a_thread_us(launch, n: int) -> list[float]:
+    """µs of each of n calls of `launch` on a plain thread of its own, the GPU held busy meanwhile: does
+    the engine's thread alone make the launcher slower? The thread's first, cold call is left out."""
+    times: list[float] = []
 
     def on_thread():
-        for _ in range(rounds * calls):
+        for _ in range(n):
             t0 = time.perf_counter()
-            launcher(q, k, v, o, lse, do, causal)
-            elsewhere.append((time.perf_counter() - t0) * 1e6)
+            launch()
+            times.append((time.perf_counter() - t0) * 1e6)
     worker = threading.Thread(target=on_thread)
-    hold_gpu(rounds * calls)  # the GPU busy, as host_us holds it
+    hold_gpu(n)
     worker.start()
     worker.join()
-    torch.cuda.synchronize()
-    out["us"]["backward_launcher_on_a_thread"] = elsewhere[1:]  # the thread's first call is cold
-    # The engine's pattern without the engine: the main thread runs a forward, then wakes a worker thread
-    # for one backward launch and waits for it; once with the threads free to run anywhere, once with
-    # both on one CPU. Then the engine itself with its device thread on the main thread's CPU, and whole
-    # calls (this kernel's and SDPA's) timed so. Which of handing off, another core, or the engine makes
-    # the launcher slower inside .backward()?
+    synchronize()
+    return times[1:]
+
+
+def engine_on_one_cpu_us(pieces: dict, names, rounds: int, calls: int, cpu: int) -> tuple[dict, list[float]]:
+    """Whole calls (the named pieces, in turns) with the caller and the autograd engine's device thread both
+    on `cpu`, and the backward launcher's own µs inside the engine so; afterwards the engine's thread is
+    back on every CPU. The first whole call, which moves the engine's thread, is not timed."""
+    inside: list[float] = []
+    try:
+        with backward_launcher_wrapped(lambda fn: pinning(timing_into(inside)(fn), cpu)), on_cpu(cpu):
+            pieces["fwd_bwd"]()  # the engine's thread is on `cpu` from here on
+            whole = pieces_us(pieces, names, rounds, calls)
+    finally:
+        with backward_launcher_wrapped(lambda fn: pinning(fn, None)):
+            pieces["fwd_bwd"]()  # the engine's thread back on every CPU
+    synchronize()
+    return {f"{name}_same_cpu": xs for name, xs in whole.items()}, inside[1:]
+
+
+def profile_backward(pieces: dict, calls: int, profile_path: Path) -> None:
+    """cProfiles of the backward on the stride-0 dO, as shipped at this shape and copied contiguous, beside
+    profile_path (`.prof.txt`, `.copied.prof.txt`): where its host time goes."""
+    import cProfile
+    import pstats
+
+    for suffix, names in (("", ("backward_launcher_expanded_grad", "fwd_bwd")),
+                          (".copied", ("backward_launcher_expanded_grad_copied", "fwd_bwd_copied"))):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            for name in names:
+                pieces[name]()
+        prof.disable()
+        synchronize()
+        with open(profile_path.with_name(profile_path.name.replace(".prof", f"{suffix}.prof")), "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+
+
+def parts(shape, causal: bool, calls: int, rounds: int, profile_path: Path | None) -> dict:
+    """Host microseconds per call of each piece of the flash kernel's forward and backward, beside SDPA,
+    and (profile_path) cProfiles of the backward: where a forward+backward's host time goes. On a machine
+    with no GPU the interpreter runs it (fp32), which checks the script, not the numbers.
+
+    After the pieces, the backward launcher's extra cost inside `.backward()`, taken apart: the launcher
+    as the engine calls it; on a plain thread; handed to a woken thread once per call while the caller runs
+    a forward in between (the engine's pattern without the engine), free and with both threads on one CPU;
+    and the engine itself, with whole calls (this kernel's and SDPA's), with its device thread on the
+    caller's CPU."""
+    import torch
+
+    from kernels import flash_triton as ft
+
+    x = parts_inputs(shape, causal, "cuda" if torch.cuda.is_available() else "cpu")
+    pieces = parts_pieces(x)
+    for fn in pieces.values():  # compile, autotune and plan first
+        fn()
+    us = pieces_us(pieces, list(pieces), rounds, calls)
+    inside: list[float] = []
+    with backward_launcher_wrapped(timing_into(inside)):
+        pieces_us(pieces, ["fwd_bwd"], rounds, calls)
+    us["backward_launcher_inside_engine"] = inside
+
     def forward():
         with torch.no_grad():
-            ft.flash_attention_forward(q, k, v, causal)
+            ft.flash_attention_forward(x.q, x.k, x.v, causal)
 
     def backward():
-        launcher(q, k, v, o, lse, do, causal)
+        ft.flash_attention_backward(x.q, x.k, x.v, x.o, x.lse, x.do, causal)
     n = rounds * calls
+    us["backward_launcher_on_a_thread"] = launcher_on_a_thread_us(backward, n)
     hold_gpu(2 * n)
-    out["us"]["backward_launcher_handed_off"] = handed_off_us(backward, forward, n)[1:]
+    us["backward_launcher_handed_off"] = handed_off_us(backward, forward, n)[1:]
     cpu = min(os.sched_getaffinity(0))
     hold_gpu(2 * n)
-    out["us"]["backward_launcher_handed_off_same_cpu"] = handed_off_us(backward, forward, n, cpu=cpu)[1:]
-    torch.cuda.synchronize()
-    inside.clear()
-    ft.flash_attention_backward = pinning(timed, cpu)
+    us["backward_launcher_handed_off_same_cpu"] = handed_off_us(backward, forward, n, cpu=cpu)[1:]
+    synchronize()
     same_cpu = ("fwd_bwd", "sdpa_fwd_bwd", "fwd_bwd_given_grad", "sdpa_fwd_bwd_given_grad")
-    for name in same_cpu:
-        out["us"][f"{name}_same_cpu"] = []
-    try:
-        with on_cpu(cpu):
-            pieces["fwd_bwd"]()  # the engine's thread is on `cpu` from here on
-            for _ in range(rounds):
-                for name in same_cpu:
-                    out["us"][f"{name}_same_cpu"].append(host_us(pieces[name], calls))
-    finally:
-        ft.flash_attention_backward = pinning(launcher, None)  # the engine's thread back on every CPU
-        pieces["fwd_bwd"]()
-        ft.flash_attention_backward = launcher
-    torch.cuda.synchronize()
-    out["us"]["backward_launcher_inside_engine_same_cpu"] = inside[1:]
-    out["median_us"] = {name: median_kept(xs) for name, xs in out["us"].items()}
-    if profile_path is not None:  # the stride-0 dO as shipped at this shape, then copied
-        for suffix, names in (("", ("backward_launcher_expanded_grad", "fwd_bwd")),
-                              (".copied", ("backward_launcher_expanded_grad_copied", "fwd_bwd_copied"))):
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(calls):
-                for name in names:
-                    pieces[name]()
-            prof.disable()
-            torch.cuda.synchronize()
-            with open(profile_path.with_name(profile_path.name.replace(".prof", f"{suffix}.prof")), "w") as f:
-                pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
-    return out
+    whole, launched = engine_on_one_cpu_us(pieces, same_cpu, rounds, calls, cpu)
+    us.update(whole)
+    us["backward_launcher_inside_engine_same_cpu"] = launched
+    if profile_path is not None:
+        profile_backward(pieces, calls, profile_path)
+    return {"shape": list(shape), "causal": causal, "calls": calls, "us": us,
+            "median_us": {name: median_kept(xs) for name, xs in us.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -565,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.parts:
         shape, causal = args.parts_shape
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # the cProfiles are written beside it first
         report = {"kind": "flash_host_parts", **fingerprint(args.commit),
                   **parts(shape, causal, args.calls, args.rounds, args.out.with_suffix(".prof.txt"))}
         print(json.dumps(report["median_us"]), file=sys.stderr, flush=True)

@@ -1,4 +1,6 @@
-"""The host-time benchmark's sampling and summary (the timing itself needs a GPU)."""
+"""The host-time benchmark's sampling and summary (its numbers need a GPU), and its --parts run end to end
+under the interpreter, which checks the script."""
+import json
 import math
 import os
 import threading
@@ -147,3 +149,32 @@ def test_on_cpu_and_pinning_move_only_the_calling_thread():
     assert seen == [{cpu}] and os.sched_getaffinity(0) == before
     with on_cpu(None):
         assert os.sched_getaffinity(0) == before
+
+
+def test_parts_runs_every_piece_and_question_on_the_interpreter_and_leaves_the_launcher_as_it_was(tmp_path):
+    from benchmarks.flash_host_time import main
+    from kernels import flash_triton as ft
+
+    launcher, affinity = ft.flash_attention_backward, os.sched_getaffinity(0)
+    out = tmp_path / "new" / "parts.json"  # a folder that does not exist yet
+    assert main(["--parts", "--parts-shape", "1,2,16,16,causal", "--rounds", "2", "--calls", "1",
+                 "--out", str(out), "--commit", "abc"]) == 0
+    report = json.loads(out.read_text())
+    assert report["kind"] == "flash_host_parts" and report["git_commit"] == "abc"
+    assert report["shape"] == [1, 2, 16, 16] and report["causal"] is True
+    us = report["us"]
+    for name in ("forward_launcher", "backward_launcher", "fwd_bwd", "sdpa_fwd_bwd", "fwd_bwd_same_cpu",
+                 "sdpa_fwd_bwd_given_grad_same_cpu"):
+        assert len(us[name]) == 2 and all(t > 0 for t in us[name]), name  # one sample a round
+    # the launcher timed where the engine calls it: once per fwd_bwd call; on a thread and handed off: the
+    # first (cold) call left out; on one CPU: the call that moved the engine's thread left out
+    assert len(us["backward_launcher_inside_engine"]) == 2
+    for name in ("backward_launcher_on_a_thread", "backward_launcher_handed_off",
+                 "backward_launcher_handed_off_same_cpu"):
+        assert len(us[name]) == 1, name
+    # on one CPU the launcher runs for fwd_bwd and fwd_bwd_given_grad, once a round each
+    assert len(us["backward_launcher_inside_engine_same_cpu"]) == 2 * 2
+    assert set(report["median_us"]) == set(us)
+    for profile in ("parts.prof.txt", "parts.copied.prof.txt"):
+        assert "function calls" in (out.parent / profile).read_text()
+    assert ft.flash_attention_backward is launcher and os.sched_getaffinity(0) == affinity
