@@ -39,7 +39,11 @@ def get_job(job_id: JobId, db: SessionDep) -> dict:
     return service.job_detail(db, _get_job(db, job_id))
 
 
-@router.get("/{job_id}/artifacts/{name}", dependencies=[ReadAuth], responses=NOT_FOUND,
+DOWNLOAD = {200: {"description": "the artifact's bytes, as an attachment",
+                  "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.get("/{job_id}/artifacts/{name}", dependencies=[ReadAuth], responses={**DOWNLOAD, **NOT_FOUND},
             response_class=FileResponse)
 def get_artifact(job_id: JobId, name: str, db: SessionDep, settings: SettingsDep):
     _get_job(db, job_id)

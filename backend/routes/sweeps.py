@@ -106,7 +106,12 @@ def get_baseline(sweep_id: SweepId, db: SessionDep,
     return base
 
 
-@router.get("/{sweep_id}/results", dependencies=[ReadAuth], response_model=list[ResultRow], responses=NOT_FOUND)
+CSV_ROWS = {200: {"description": "one row per job; `?format=csv`: the same rows as CSV, one column per param and metric",
+                  "content": {"text/csv": {"schema": {"type": "string"}}}}}
+
+
+@router.get("/{sweep_id}/results", dependencies=[ReadAuth], response_model=list[ResultRow],
+            responses={**CSV_ROWS, **NOT_FOUND})
 def get_results(sweep_id: SweepId, db: SessionDep, format: str = Query("json", pattern="^(json|csv)$")):
     _get_sweep(db, sweep_id)
     if format == "csv":

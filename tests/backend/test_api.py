@@ -188,6 +188,20 @@ def test_artifact_upload_and_download(client):
     assert client.put(f"/api/jobs/{job_id}/artifacts/.hidden", content=b"x").status_code == 422
 
 
+def test_every_body_a_route_serves_is_a_content_type_its_schema_declares(client):
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {}}).json()["id"]
+    job_id = client.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
+    client.put(f"/api/jobs/{job_id}/artifacts/trace.json", content=b"{}")
+    paths = client.get("/openapi.json").json()["paths"]
+    for route, url in (("/api/sweeps/{sweep_id}/results", f"/api/sweeps/{sid}/results"),
+                       ("/api/sweeps/{sweep_id}/results", f"/api/sweeps/{sid}/results?format=csv"),
+                       ("/api/jobs/{job_id}/artifacts/{name}", f"/api/jobs/{job_id}/artifacts/trace.json")):
+        r = client.get(url)
+        assert r.status_code == 200, url
+        served = r.headers["content-type"].split(";")[0]
+        assert served in paths[route]["get"]["responses"]["200"]["content"], (url, served)
+
+
 def test_ddp_heads_must_divide_d_model(client):
     r = client.post("/api/sweeps", json={"suite": "ddp", "params": {"d_model": 100, "num_heads": 3}})
     assert r.status_code == 422 and "divisible" in r.text
