@@ -612,11 +612,9 @@ def import_(path: Path = typer.Argument(..., exists=True, dir_okay=False),
 
 @app.command()
 def plan(size: str = typer.Option("xl", help="a named size (small .. 10B) or custom, with the dims below"),
-         d_model: Optional[int] = typer.Option(None, min=1), d_ff: Optional[int] = typer.Option(None, min=1),
-         num_layers: Optional[int] = typer.Option(None, min=1), num_heads: Optional[int] = typer.Option(None, min=1),
-         vocab_size: int = typer.Option(10_000, min=1), seq_len: int = typer.Option(512, min=1, max=1 << 20),
-         batch: int = typer.Option(8, min=1, max=1 << 20, help="sequences per step, over all devices"),
-         devices: int = typer.Option(8, min=1, max=1 << 16),
+         d_model: Optional[int] = None, d_ff: Optional[int] = None, num_layers: Optional[int] = None,
+         num_heads: Optional[int] = None, vocab_size: int = 10_000, seq_len: int = 512,
+         batch: int = typer.Option(8, help="sequences per step, over all devices"), devices: int = 8,
          memory_gb: Optional[float] = typer.Option(None, help="per device; default: an H200's 141"),
          tflops: Optional[float] = typer.Option(None, help="per device; default: the newest measured matmul "
                                                            "peak, else the datasheet"),
@@ -625,19 +623,24 @@ def plan(size: str = typer.Option("xl", help="a named size (small .. 10B) or cus
          overlap: bool = typer.Option(True), checkpointing: bool = typer.Option(False),
          out_path: Optional[Path] = typer.Option(None, "--out", help="write the plan here as JSON")) -> None:
     """The parallelism plan of GET /api/plan from this database: DP, FSDP, TP and FSDP+TP per device,
-    and every measured ddp and leaderboard cell beside its prediction."""
+    and every measured ddp and leaderboard cell beside its prediction. The inputs are checked as the API
+    checks them (backend.routes.plan.PlanQuery)."""
     from fastapi import HTTPException
+    from pydantic import ValidationError
 
-    from backend.routes.plan import make_plan
+    from backend.routes.plan import PlanQuery, make_plan
 
-    for flag, value in (("--memory-gb", memory_gb), ("--tflops", tflops), ("--bandwidth-gbps", bandwidth_gbps)):
-        if value is not None and not value > 0:
-            console.print(f"[red]bad input:[/] {flag} must be positive, got {value}")
-            raise typer.Exit(2)
+    try:
+        query = PlanQuery(size=size, d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                          vocab_size=vocab_size, seq_len=seq_len, batch=batch, devices=devices, memory_gb=memory_gb,
+                          tflops=tflops, bandwidth_gbps=bandwidth_gbps, overlap=overlap, checkpointing=checkpointing)
+    except ValidationError as exc:  # the API's 422s, named by flag
+        for e in exc.errors(include_url=False):
+            console.print(f"[red]bad input:[/] --{str(e['loc'][0]).replace('_', '-')}: {e['msg']} (got {e['input']!r})")
+        raise typer.Exit(2) from None
     with _database_session() as db:
         try:
-            result = make_plan(db, size, d_model, d_ff, num_layers, num_heads, vocab_size, seq_len, batch, devices,
-                               memory_gb, tflops, bandwidth_gbps, overlap, checkpointing)
+            result = make_plan(db, query)
         except HTTPException as exc:  # the route's own 422s: the same words here
             console.print(f"[red]bad input:[/] {'; '.join(d['msg'] for d in exc.detail)}")
             raise typer.Exit(2) from None

@@ -24,7 +24,7 @@ from backend.deps import PageAuth, ReadAuth, SessionDep, SettingsDep
 from backend.models import Sweep
 from backend.routes.compare import check_ignore, load_sweeps
 from backend.routes.history import load_history
-from backend.routes.plan import make_plan
+from backend.routes.plan import PlanQuery, make_plan
 from backend.routes.suites import suite_info
 from backend.security import CSRF_COOKIE, SESSION_COOKIE, named_session_value, session_value
 from frontend import STATIC_DIR, TEMPLATE_DIR, plotly_js_path
@@ -166,30 +166,15 @@ def history_page(request: Request, db: SessionDep, suite: Annotated[str, Query(m
 
 
 @router.get("/planner", response_class=HTMLResponse, dependencies=[PageAuth])
-def planner_page(request: Request, db: SessionDep, size: Annotated[str, Query(max_length=20)] = "xl",
-                 d_model: Annotated[str, Query(max_length=12)] = "", d_ff: Annotated[str, Query(max_length=12)] = "",
-                 num_layers: Annotated[str, Query(max_length=12)] = "",
-                 num_heads: Annotated[str, Query(max_length=12)] = "",
-                 vocab_size: Annotated[int, Query(gt=0)] = 10_000, seq_len: Annotated[int, Query(gt=0)] = 512,
-                 batch: Annotated[int, Query(gt=0)] = 8, devices: Annotated[int, Query(gt=0, le=1 << 16)] = 8,
-                 memory_gb: Annotated[str, Query(max_length=12)] = "",
-                 tflops: Annotated[str, Query(max_length=12)] = "",
-                 bandwidth_gbps: Annotated[str, Query(max_length=12)] = "", overlap: bool = True,
-                 checkpointing: bool = False):
-    """The planner's form and answer; empty fields mean: the model size's, or measured, or the default."""
-    def number(name: str, text: str, kind=float):
-        try:
-            return kind(text) if text.strip() else None
-        except ValueError:
-            raise HTTPException(422, detail=f"{name}: {text!r} is not a number") from None
-
-    dims = {k: number(k, v, int) for k, v in (("d_model", d_model), ("d_ff", d_ff), ("num_layers", num_layers),
-                                              ("num_heads", num_heads))}
-    result = make_plan(db, size, *dims.values(), vocab_size, seq_len, batch, devices, number("memory_gb", memory_gb),
-                       number("tflops", tflops), number("bandwidth_gbps", bandwidth_gbps), overlap, checkpointing)
-    form = {"size": size, "d_model": d_model, "d_ff": d_ff, "num_layers": num_layers, "num_heads": num_heads,
-            "vocab_size": vocab_size, "seq_len": seq_len, "batch": batch, "devices": devices, "memory_gb": memory_gb,
-            "tflops": tflops, "bandwidth_gbps": bandwidth_gbps}
+def planner_page(request: Request, db: SessionDep):
+    """The planner's form and answer; an empty field means: the model size's, or measured, or the default.
+    The fields are checked as /api/plan checks them (PlanQuery)."""
+    fields = dict(request.query_params)
+    result = make_plan(db, PlanQuery.from_form(fields))
+    form = {name: fields.get(name, "" if PlanQuery.model_fields[name].default is None
+                             else str(PlanQuery.model_fields[name].default))
+            for name in ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "seq_len", "batch",
+                         "devices", "memory_gb", "tflops", "bandwidth_gbps")}
     return _render(request, "planner.html", {"result": result, "form": form, "figure": planner_figure(result)})
 
 

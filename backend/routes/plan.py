@@ -1,9 +1,11 @@
 """/api/plan and the planner page's numbers: backend/planner.py fed by benchlab's own measurements."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, ValidationError
 from sqlmodel import SQLModel, select
 
 from backend import commfit, service
@@ -51,14 +53,43 @@ def measured_inputs(db) -> dict[str, Any]:
     return found
 
 
-def make_plan(db, size: str, d_model: int | None, d_ff: int | None, num_layers: int | None,
-              num_heads: int | None, vocab_size: int, seq_len: int, batch: int, devices: int,
-              memory_gb: float | None, tflops: float | None, bandwidth_gbps: float | None, overlap: bool,
-              checkpointing: bool) -> dict:
+class PlanQuery(BaseModel):
+    """The planner's inputs, one definition for /api/plan, the planner page and `benchlab plan`: every
+    number positive and finite. A dim left out is the named size's; C, W and memory left out are
+    measured or the H200's datasheet (make_plan)."""
+
+    size: str = Field("xl", max_length=20, description="a named size (small .. 10B) or custom, with the dims")
+    d_model: int | None = Field(None, gt=0, le=1 << 20)
+    d_ff: int | None = Field(None, gt=0, le=1 << 22)
+    num_layers: int | None = Field(None, gt=0, le=1 << 16)
+    num_heads: int | None = Field(None, gt=0, le=1 << 16)
+    vocab_size: int = Field(10_000, gt=0, le=1 << 24)
+    seq_len: int = Field(512, gt=0, le=1 << 20)
+    batch: int = Field(8, gt=0, le=1 << 20, description="sequences per step, over all devices")
+    devices: int = Field(8, gt=0, le=1 << 16)
+    memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description="per device")
+    tflops: float | None = Field(None, gt=0, allow_inf_nan=False, description="per device")
+    bandwidth_gbps: float | None = Field(None, gt=0, allow_inf_nan=False, description="per device")
+    overlap: bool = True
+    checkpointing: bool = False
+
+    @classmethod
+    def from_form(cls, fields) -> PlanQuery:
+        """From a form's fields (strings; an empty one is left out), or a 422 that names each bad field
+        as a query parameter, as FastAPI's own validation does."""
+        try:
+            return cls.model_validate({k: v for k, v in fields.items() if k in cls.model_fields and v.strip()})
+        except ValidationError as exc:
+            raise RequestValidationError([{**e, "loc": ("query", *e["loc"])}
+                                          for e in exc.errors(include_url=False, include_context=False)]) from None
+
+
+def make_plan(db, q: PlanQuery) -> dict:
     from kernels.names import MODEL_SIZES  # torch-free; imported here as the backend's import rule asks
 
+    size, memory_gb, tflops, bandwidth_gbps = q.size, q.memory_gb, q.tflops, q.bandwidth_gbps
     if size == "custom":
-        dims = (d_model, d_ff, num_layers, num_heads)
+        dims = (q.d_model, q.d_ff, q.num_layers, q.num_heads)
         if any(x is None for x in dims):
             raise invalid_query("size", "size=custom needs d_model, d_ff, num_layers and num_heads")
     elif size in MODEL_SIZES:
@@ -72,10 +103,10 @@ def make_plan(db, size: str, d_model: int | None, d_ff: int | None, num_layers: 
         "bandwidth": "entered" if bandwidth_gbps else measured.get("bandwidth", {}).get(
             "source", "H200 datasheet (NVLink, per direction)"),
         "memory": "entered" if memory_gb else "H200 (141 GB)"}
-    c = Cluster(devices, (memory_gb or REFERENCE_MEMORY_GB) * 1e9,
+    c = Cluster(q.devices, (memory_gb or REFERENCE_MEMORY_GB) * 1e9,
                 (tflops or measured.get("flops", {}).get("tflops") or REFERENCE_TFLOPS) * 1e12,
-                (bandwidth_gbps or measured.get("bandwidth", {}).get("gbps") or REFERENCE_GBPS) * 1e9, overlap)
-    result = plan(Model(*dims, vocab_size=vocab_size, seq_len=seq_len), batch, c, checkpointing=checkpointing)
+                (bandwidth_gbps or measured.get("bandwidth", {}).get("gbps") or REFERENCE_GBPS) * 1e9, q.overlap)
+    result = plan(Model(*dims, vocab_size=q.vocab_size, seq_len=q.seq_len), q.batch, c, checkpointing=q.checkpointing)
     result["sources"] = sources
     measured_rows = []
     for sweep in db.exec(select(Sweep).where(Sweep.suite.in_(("ddp", "leaderboard")))
@@ -101,16 +132,9 @@ class PlanPublic(SQLModel):
 
 
 @router.get("/plan", response_model=PlanPublic)
-def get_plan(db: SessionDep, size: str = Query("xl", max_length=20), d_model: int | None = Query(None, gt=0),
-             d_ff: int | None = Query(None, gt=0), num_layers: int | None = Query(None, gt=0),
-             num_heads: int | None = Query(None, gt=0), vocab_size: int = Query(10_000, gt=0),
-             seq_len: int = Query(512, gt=0, le=1 << 20), batch: int = Query(8, gt=0, le=1 << 20),
-             devices: int = Query(8, gt=0, le=1 << 16), memory_gb: float | None = Query(None, gt=0),
-             tflops: float | None = Query(None, gt=0), bandwidth_gbps: float | None = Query(None, gt=0),
-             overlap: bool = True, checkpointing: bool = False) -> dict:
+def get_plan(db: SessionDep, q: Annotated[PlanQuery, Query()]) -> dict:
     """FLOPs, communication, time and memory per device for DP, FSDP, TP and every FSDP+TP split on
     `devices` devices; the largest device count before each becomes communication-bound; and
     benchlab's measured ddp cells beside their predictions. C and W: as entered, else measured, else
     the H200's datasheet (`sources` says which)."""
-    return make_plan(db, size, d_model, d_ff, num_layers, num_heads, vocab_size, seq_len, batch, devices,
-                     memory_gb, tflops, bandwidth_gbps, overlap, checkpointing)
+    return make_plan(db, q)

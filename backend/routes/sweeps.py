@@ -106,7 +106,7 @@ def get_baseline(sweep_id: SweepId, db: SessionDep,
     return base
 
 
-CSV_ROWS = {200: {"description": "one row per job; `?format=csv`: the same rows as CSV, one column per param and metric",
+CSV_ROWS = {200: {"description": "one row per job; `?format=csv`: the rows as CSV, a column per param and metric",
                   "content": {"text/csv": {"schema": {"type": "string"}}}}}
 
 

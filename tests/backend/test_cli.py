@@ -293,6 +293,8 @@ def test_plan_prints_the_api_plan_and_refuses_bad_input_by_name(tmp_path):
     assert plan["sources"]["flops"].startswith("H200 datasheet") and plan["measured"] == []  # an empty database
     for args, words in ((["--size", "huge"], "unknown size 'huge'"),
                         (["--size", "custom", "--d-model", "64"], "size=custom needs d_model"),
-                        (["--tflops", "-1"], "--tflops must be positive, got -1.0")):
+                        (["--tflops", "-1"], "--tflops: Input should be greater than 0 (got -1.0)"),
+                        (["--memory-gb", "inf"], "--memory-gb: Input should be a finite number"),
+                        (["--devices", "100000"], "--devices: Input should be less than or equal to 65536")):
         bad = benchlab("plan", *args, env=env)
         assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)

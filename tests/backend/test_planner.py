@@ -174,3 +174,26 @@ def test_plan_api_validates_and_names_its_sources(tmp_path):
         assert c.get("/api/plan", params={"size": "huge"}).status_code == 422
         assert c.get("/api/plan", params={"size": "custom", "d_model": 64}).status_code == 422
         assert c.get("/planner", params={"tflops": "fast"}).status_code == 422
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("tflops", "inf", "finite number"), ("tflops", "nan", "finite number"), ("memory_gb", "-1", "greater than 0"),
+    ("bandwidth_gbps", "0", "greater than 0"), ("d_model", "-1", "greater than 0"),
+    ("num_heads", "0", "greater than 0"), ("vocab_size", "9" * 40, "less than or equal"),
+    ("devices", "70000", "less than or equal"), ("seq_len", "x", "valid integer")])
+def test_the_planner_page_and_api_refuse_the_same_input_by_name(tmp_path, field, value, words):
+    with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
+        api = c.get("/api/plan", params={field: value})
+        assert api.status_code == 422 and api.json()["detail"][0]["loc"] == ["query", field], api.text
+        assert words in api.json()["detail"][0]["msg"]
+        page = c.get("/planner", params={field: value}, headers={"accept": "text/html"})
+        assert page.status_code == 422 and f"query parameter &#39;{field}&#39;: " in page.text
+        assert words in page.text
+
+
+def test_the_planner_page_takes_empty_fields_as_left_out_and_echoes_what_was_entered(tmp_path):
+    with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
+        page = c.get("/planner", params={"size": "small", "d_model": "", "tflops": " ", "devices": "16"})
+        assert page.status_code == 200
+        assert 'id="p-devices" name="devices" value="16"' in page.text
+        assert 'id="p-tflops" name="tflops" value=" "' in page.text and "16 devices" in page.text
