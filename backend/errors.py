@@ -3,7 +3,7 @@ benchlab's own exceptions to status codes. A browser's navigation to a page (not
 error as an HTML page instead (`page_error`), so a mistyped sweep id is not answered with raw JSON."""
 from __future__ import annotations
 
-import re
+import math
 from typing import Any, Callable
 
 from fastapi import FastAPI, HTTPException, Request
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from backend.models import ErrorPublic
+from backend.models import SURROGATE, ErrorPublic
 from backend.service import BrokerUnavailable
 
 COMMON_ERRORS: dict[int | str, dict] = {
@@ -25,7 +25,6 @@ COMMON_ERRORS: dict[int | str, dict] = {
 NOT_FOUND = {404: {"model": ErrorPublic, "description": "No such sweep, job or artifact"}}
 BROKER_DOWN = {503: {"model": ErrorPublic, "description": "The broker is unreachable; nothing was changed"}}
 TOO_MANY_WAITERS = {429: {"model": ErrorPublic, "description": "Too many held waits (BENCHLAB_MAX_WAITERS)"}}
-_SURROGATE = re.compile("[\ud800-\udfff]")
 CONFLICT = {409: {"model": ErrorPublic, "description": "The artifact exists already"}}
 
 
@@ -36,9 +35,12 @@ def invalid_query(name: str, msg: str) -> HTTPException:
 
 
 def _printable(value: Any) -> Any:
-    """Echoed input with lone surrogates replaced (U+FFFD): they cannot be encoded as UTF-8."""
+    """Echoed input that JSON can carry: lone surrogates replaced (U+FFFD), which UTF-8 cannot encode, and
+    a NaN or infinity (which Python's JSON parser takes from a body) as its name: 'nan', 'inf'."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
     if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(value) else value
+        return value.encode("utf-8", "replace").decode("utf-8") if SURROGATE.search(value) else value
     if isinstance(value, dict):
         return {_printable(k): _printable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -30,21 +30,21 @@ from worker.contract import (  # noqa: F401 (re-exported)
 MAX_NAME_CHARS = 200
 MAX_TAGS = 50
 MAX_TAG_CHARS = 200
-_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _no_surrogates(value: Any, where: str) -> None:
+def no_surrogates(value: Any, where: str) -> None:
     """Lone surrogates can be sent as JSON escapes but not stored or encoded as UTF-8: refuse them."""
     if isinstance(value, str):
-        if _SURROGATE.search(value):
+        if SURROGATE.search(value):
             raise ValueError(f"{where} holds a lone UTF-16 surrogate, which is not valid text")
     elif isinstance(value, dict):
         for k, v in value.items():
-            _no_surrogates(k, where)
-            _no_surrogates(v, f"{where}.{k}")
+            no_surrogates(k, where)
+            no_surrogates(v, f"{where}.{k}")
     elif isinstance(value, list):
         for v in value:
-            _no_surrogates(v, where)
+            no_surrogates(v, where)
 
 
 # -- sweeps ------------------------------------------------------------------------------------------
@@ -93,19 +93,19 @@ class SweepCreate(SweepBase):
         for k, val in v.items():
             if not k or len(k) > MAX_TAG_CHARS or len(val) > MAX_TAG_CHARS:
                 raise ValueError(f"tag names are 1-{MAX_TAG_CHARS} characters and values at most {MAX_TAG_CHARS}")
-        _no_surrogates(v, "tags")
+        no_surrogates(v, "tags")
         return v
 
     @field_validator("name", "suite")
     @classmethod
     def _text(cls, v: str | None) -> str | None:
-        _no_surrogates(v, "text")
+        no_surrogates(v, "text")
         return v
 
     @field_validator("params")
     @classmethod
     def _params_text(cls, v: dict[str, Any]) -> dict[str, Any]:
-        _no_surrogates(v, "params")
+        no_surrogates(v, "params")
         return v
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from fastapi import APIRouter, Query
@@ -11,7 +12,7 @@ from backend import service
 from backend.deps import ReadAuth, SessionDep
 from backend.errors import invalid_query
 from backend.history import history
-from backend.models import Sweep
+from backend.models import Sweep, no_surrogates
 from worker.suites import suite_names
 
 router = APIRouter(prefix="/api", tags=["history"], dependencies=[ReadAuth])
@@ -45,13 +46,28 @@ class HistoryPublic(SQLModel):
     series: list[HistorySeries]
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_params(text: str) -> dict[str, Any]:
+    """The `params` filter: a JSON object of param values, strict JSON (no NaN, no infinities, no lone
+    surrogates: no stored cell holds them), else a 422 naming it."""
+    example = 'e.g. {"impl": "naive"}'
     try:
-        want = json.loads(text or "{}")
-    except json.JSONDecodeError as exc:
-        raise invalid_query("params", f"params must be a JSON object of param values: {exc}") from exc
+        want = json.loads(text or "{}", parse_float=_finite, parse_constant=_not_json)
+        no_surrogates(want, "params")
+    except ValueError as exc:  # json.JSONDecodeError among them
+        raise invalid_query("params", f"params must be a JSON object of param values ({example}): {exc}") from None
     if not isinstance(want, dict):
-        raise invalid_query("params", "params must be a JSON object of param values, e.g. {\"impl\": \"naive\"}")
+        raise invalid_query("params", f"params must be a JSON object of param values, {example}")
     return want
 
 

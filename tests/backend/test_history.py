@@ -57,6 +57,16 @@ def test_history_api_and_page_refuse_bad_input_by_name(client):
     assert page.status_code == 200 and "History of noop cells" in page.text
 
 
+@pytest.mark.parametrize("params, words", [('{"x": NaN}', "NaN is not JSON"), ('{"x": -Infinity}', "-Infinity"),
+                                           ('{"x": 1e999}', "1e999 is not a finite number"),
+                                           ('{"\\ud800": 1}', "lone UTF-16 surrogate")])
+def test_a_params_filter_no_cell_can_hold_is_refused_by_name_not_echoed_as_null(client, params, words):
+    for path in ("/api/history", "/history"):
+        r = client.get(path, params={"suite": "noop", "params": params}, headers={"accept": "application/json"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "params"], (path, r.text)
+        assert words in r.json()["detail"][0]["msg"]
+
+
 def test_an_untagged_sweeps_commit_is_the_one_its_cells_ran_at(tmp_path):
     from backend.db import make_engine, migrate, session
     from backend.service import import_results

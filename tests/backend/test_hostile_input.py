@@ -110,6 +110,23 @@ def test_every_route_declares_the_errors_it_gives(client):
     assert spec["paths"]["/api/sweeps"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
 
 
+@pytest.mark.parametrize("path, body, field", [
+    ("/api/sweeps", '{"suite": "noop", "params": {}, "timeout_s": NaN}', ["body", "timeout_s"]),
+    ("/api/sweeps", '{"suite": "noop", "params": {}, "tags": {"a": Infinity}}', ["body", "tags", "a"]),
+    ("/api/sweeps", '{"suite": "noop", "name": -Infinity, "params": {}}', ["body", "name"]),
+    ("/api/sweeps", '{"suite": "noop", "params": {}, "repeats": NaN}', ["body", "repeats"]),
+    ("/api/sweeps", '{"suite": "noop", "params": {"x": [1, NaN]}}', ["body", "params", "x"]),
+    ("/api/tokens", '{"name": NaN, "scope": "write"}', ["body", "name"])])
+def test_nan_and_infinity_in_a_body_are_named_in_strict_json_and_change_nothing(client, path, body, field):
+    # Python's JSON parser takes NaN and Infinity, which strict JSON cannot carry back in the 422's echo
+    before = counts(client)
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "NaN" not in r.text and "Infinity" not in r.text
+    assert json.loads(r.text)["detail"][0]["loc"] == field
+    assert counts(client) == before
+
+
 def test_non_finite_metrics_are_stored_as_null_with_a_flag(client):
     sid = client.post("/api/sweeps", json={"suite": "noop", "params": {"x": 1}}).json()["id"]
     job_id = client.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
