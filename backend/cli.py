@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -360,10 +361,27 @@ def _load_spec(path: Path) -> dict[str, Any]:
     is_yaml = path.suffix in (".yaml", ".yml")
     try:
         text = path.read_text()
-        return yaml.safe_load(text) if is_yaml else json.loads(text)
+        spec = yaml.safe_load(text) if is_yaml else json.loads(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
         console.print(f"[red]bad input:[/] {path} is not a readable {'YAML' if is_yaml else 'JSON'} sweep spec: {exc}")
         raise typer.Exit(2) from None
+    where = _nonfinite(spec)
+    if where is not None:  # YAML's .nan / .inf and JSON's NaN / Infinity: no request body can carry them
+        console.print(f"[red]bad input:[/] {path}: {where or 'the spec'} is not a finite number")
+        raise typer.Exit(2)
+    return spec
+
+
+def _nonfinite(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first NaN or infinity in a parsed spec, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _nonfinite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 @app.command()

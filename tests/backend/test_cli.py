@@ -98,6 +98,20 @@ def test_a_spec_that_does_not_parse_is_named_not_a_traceback(tmp_path):
         assert "is not a readable" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
 
+def test_a_spec_with_nan_or_infinity_is_named_before_anything_is_sent(tmp_path):
+    nan_yaml, inf_json = tmp_path / "s.yaml", tmp_path / "s.json"
+    nan_yaml.write_text("suite: noop\nparams:\n  x: .nan\n")  # YAML's NaN
+    inf_json.write_text('{"suite": "noop", "params": [{"x": 1}, {"sleep_ms": [1, -Infinity]}]}')
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
+    for args, where in ((("submit", str(nan_yaml), "--server", "http://127.0.0.1:9"), "params.x"),
+                        (("ci", str(inf_json), "--server", "http://127.0.0.1:9"), "params.1.sleep_ms.1"),
+                        (("run", "--spec", str(inf_json)), "params.1.sleep_ms.1")):
+        p = benchlab(*args, env=env)
+        assert p.returncode == 2, (args, p.stderr)
+        assert f"{where} is not a finite number" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not (tmp_path / "benchlab.db").exists()  # nothing ran or was stored
+
+
 def test_files_that_cannot_be_read_or_written_are_named(tmp_path):
     env = {"BENCHLAB_DATA_DIR": str(tmp_path / "data")}
     binary = tmp_path / "b.jsonl"
