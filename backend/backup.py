@@ -17,9 +17,12 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from sqlmodel import Session, select
 
-from backend.models import Environment, Job, Result, Sweep
+from backend.models import JOB_STATES, Environment, Job, Result, Sweep, SweepCreate, no_surrogates
+from backend.service import SAFE_ARTIFACT_NAME
+from worker.contract import MAX_INDEX, FinalState, clean_metrics
 
 EXPORT_KIND = "benchlab-export"
 EXPORT_VERSION = 1
@@ -60,63 +63,170 @@ def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None) -
                        "env_digest": envs[r.env_id].digest if r.env_id else None}
 
 
+# What an import takes of each row, checked before anything is written: the kinds and bounds the API and
+# the recorder would have stored (a hand-edited or foreign file cannot put a state no page knows, a NaN,
+# or an integer the database cannot hold into the database).
+Time = Field(None, allow_inf_nan=False)  # a moment that may be unknown
+Created = Field(default_factory=time.time, allow_inf_nan=False)  # a row's creation: always known
+Index = Field(ge=0, le=MAX_INDEX)
+
+
+class EnvironmentRow(BaseModel):
+    digest: str = Field(min_length=1, max_length=64)
+    data: dict[str, Any]
+    created_at: float = Created
+
+
+class SweepRow(BaseModel):
+    uid: str = Field(min_length=1, max_length=64)
+    suite: str
+    name: str | None = None
+    params: Any = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default_factory=dict)
+    repeats: int = 1
+    queue: str = "default"
+    timeout_s: float | None = None
+    created_at: float = Created
+    cancelled_at: float | None = Time
+    source: str = Field("import", max_length=20)
+    fresh_process: bool = False
+
+    @model_validator(mode="after")
+    def _as_the_api_takes_it(self):  # name, tags, params, repeats, queue and timeout within the API's limits
+        SweepCreate.model_validate({"suite": self.suite, "name": self.name, "params": self.params, "tags": self.tags,
+                                    "repeats": self.repeats, "queue": self.queue, "timeout_s": self.timeout_s})
+        return self
+
+
+class JobRow(BaseModel):
+    sweep_uid: str
+    cell_index: int = Index
+    repeat_index: int = Field(0, ge=0, le=MAX_INDEX)
+    params: dict[str, Any] = Field(default_factory=dict)
+    state: str
+    attempts: int = Field(1, ge=0, le=MAX_INDEX)
+    worker: str | None = None
+    progress: str | None = None
+    error: str | None = None
+    created_at: float = Created
+    started_at: float | None = Time
+    finished_at: float | None = Time
+    env_digest: str | None = None
+
+    @field_validator("state")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in JOB_STATES:
+            raise ValueError(f"unknown job state {v!r}; expected one of {', '.join(JOB_STATES)}")
+        return v
+
+
+class ArtifactRow(BaseModel):
+    name: str
+    size: int = Field(ge=0, le=MAX_INDEX)
+
+    @field_validator("name")
+    @classmethod
+    def _safe(cls, v: str) -> str:  # as an upload's name: the file it names lives in the job's own folder
+        if not SAFE_ARTIFACT_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not an artifact name (letters, digits, '.', '_', '-'; 1-200)")
+        return v
+
+
+class ResultRow(BaseModel):
+    sweep_uid: str
+    cell_index: int = Index
+    repeat_index: int = Field(0, ge=0, le=MAX_INDEX)
+    attempt: int = Field(1, ge=1, le=MAX_INDEX)
+    state: FinalState
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    nonfinite: list[str] = Field(default_factory=list)
+    artifacts: list[ArtifactRow] = Field(default_factory=list)
+    duration_s: float | None = Time
+    created_at: float = Created
+    env_digest: str | None = None
+
+    @model_validator(mode="after")
+    def _finite_metrics(self):  # as the recorder stores them: NaN and infinities as null, named
+        self.metrics, bad = clean_metrics(self.metrics)
+        self.nonfinite = sorted(set(self.nonfinite) | set(bad))
+        return self
+
+
+_ROWS = {"environment": EnvironmentRow, "sweep": SweepRow, "job": JobRow, "result": ResultRow}
+
+
+def _checked(n: int, line: Any) -> BaseModel:
+    """Line n as its kind's row model, or a ValueError naming the line and the field."""
+    if not isinstance(line, dict) or line.get("kind") not in _ROWS:
+        kind = line.get("kind") if isinstance(line, dict) else type(line).__name__
+        raise ValueError(f"line {n}: unknown kind {kind!r}")
+    no_surrogates(line, f"line {n}")
+    try:
+        return _ROWS[line["kind"]].model_validate(line)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(map(str, first["loc"])) or "the row"
+        raise ValueError(f"line {n} ({line['kind']}): {where}: {first['msg']}") from None
+
+
+def _set(row: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The given fields of a checked row that the file gave (left out: the table's default)."""
+    return {f: getattr(row, f) for f in fields if f in row.model_fields_set}
+
+
 def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Load an export; returns counts of what was added and skipped. Raises ValueError on a bad file."""
     lines = list(lines)
-    if not lines or lines[0].get("kind") != EXPORT_KIND:
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != EXPORT_KIND:
         raise ValueError(f"not a benchlab export: the first line must be {{\"kind\": \"{EXPORT_KIND}\", ...}}")
     if int(lines[0].get("v", 0)) > EXPORT_VERSION:
         raise ValueError(f"export version {lines[0].get('v')} is newer than this benchlab's {EXPORT_VERSION}")
+    rows = [(n, _checked(n, ln)) for n, ln in enumerate(lines[1:], start=2)]  # all of them, before any write
     counts = {"sweeps": 0, "jobs": 0, "results": 0, "environments": 0, "sweeps_skipped": 0}
     env_ids: dict[str, int] = {}
     sweeps: dict[str, Sweep | None] = {}
     jobs: dict[tuple, Job] = {}
-    for n, ln in enumerate(lines[1:], start=2):
-        kind = ln.get("kind")
+    for n, row in rows:
         try:
-            if kind == "environment":
-                found = db.exec(select(Environment).where(Environment.digest == ln["digest"])).first()
+            if isinstance(row, EnvironmentRow):
+                found = db.exec(select(Environment).where(Environment.digest == row.digest)).first()
                 if found is None:
-                    found = Environment(digest=ln["digest"], data=ln["data"], created_at=ln["created_at"])
+                    found = Environment(digest=row.digest, data=row.data, **_set(row, ("created_at",)))
                     db.add(found)
                     db.flush()
                     counts["environments"] += 1
-                env_ids[ln["digest"]] = found.id
-            elif kind == "sweep":
-                if db.exec(select(Sweep.id).where(Sweep.uid == ln["uid"])).first() is not None:
-                    sweeps[ln["uid"]] = None
+                env_ids[row.digest] = found.id
+            elif isinstance(row, SweepRow):
+                if db.exec(select(Sweep.id).where(Sweep.uid == row.uid)).first() is not None:
+                    sweeps[row.uid] = None
                     counts["sweeps_skipped"] += 1
                     continue
-                s = Sweep(**{f: ln[f] for f in _SWEEP_FIELDS if f in ln})
+                s = Sweep(**_set(row, _SWEEP_FIELDS))
                 db.add(s)
                 db.flush()
                 sweeps[s.uid] = s
                 counts["sweeps"] += 1
-            elif kind == "job":
-                s = sweeps[ln["sweep_uid"]]
+            elif isinstance(row, JobRow):
+                s = sweeps[row.sweep_uid]
                 if s is None:
                     continue
-                j = Job(sweep_id=s.id, env_id=env_ids.get(ln.get("env_digest")),
-                        **{f: ln[f] for f in _JOB_FIELDS if f in ln})
+                j = Job(sweep_id=s.id, env_id=env_ids.get(row.env_digest), **_set(row, _JOB_FIELDS))
                 db.add(j)
                 db.flush()
-                jobs[(ln["sweep_uid"], ln["cell_index"], ln["repeat_index"])] = j
+                jobs[(row.sweep_uid, row.cell_index, row.repeat_index)] = j
                 counts["jobs"] += 1
-            elif kind == "result":
-                if sweeps[ln["sweep_uid"]] is None:
-                    continue
-                j = jobs[(ln["sweep_uid"], ln["cell_index"], ln["repeat_index"])]
-                db.add(Result(job_id=j.id, env_id=env_ids.get(ln.get("env_digest")),
-                              **{f: ln[f] for f in _RESULT_FIELDS if f in ln}))
-                counts["results"] += 1
             else:
-                raise ValueError(f"unknown kind {kind!r}")
-        except (KeyError, TypeError) as exc:
+                if sweeps[row.sweep_uid] is None:
+                    continue
+                j = jobs[(row.sweep_uid, row.cell_index, row.repeat_index)]
+                fields = {f: getattr(row, f) for f in ("attempt", "state", "metrics", "nonfinite", "duration_s")}
+                db.add(Result(job_id=j.id, env_id=env_ids.get(row.env_digest), **fields,
+                              artifacts=[a.model_dump() for a in row.artifacts], **_set(row, ("created_at",))))
+                counts["results"] += 1
+        except KeyError as exc:
             db.rollback()
-            raise ValueError(f"line {n} ({kind}): missing or bad field {exc}") from None
-        except ValueError as exc:
-            db.rollback()
-            raise ValueError(f"line {n}: {exc}") from None
+            raise ValueError(f"line {n}: it names {exc} before the line that defines it") from None
     db.commit()
     return counts
 

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from worker.contract import FAILED_STATES, UNFINISHED_STATUSES, RunCell, RunHeader
+from worker.contract import FAILED_STATES, MAX_REPEATS, UNFINISHED_STATUSES, RunCell, RunHeader
 from worker.suites import suite_names
 
 app = typer.Typer(help="benchlab: run and compare GPU benchmarks of attention kernels and data-parallel training.",
@@ -260,7 +260,8 @@ def run(suite: Optional[str] = typer.Argument(None, help=" | ".join(suite_names(
         preset: Optional[str] = typer.Option(None, help="a study's sweeps, one after another (GET /api/presets "
                                                         "lists them); --out is then a folder"),
         out_path: Optional[Path] = typer.Option(None, "--out", help="write results as JSON lines (importable)"),
-        repeats: int = typer.Option(1, min=1), timeout_s: float = typer.Option(1800.0, help="per cell"),
+        repeats: int = typer.Option(1, min=1, max=MAX_REPEATS),
+        timeout_s: float = typer.Option(1800.0, help="per cell"),
         name: Optional[str] = typer.Option(None)) -> None:
     """Run a grid locally, with no server: each cell in a warm runner process; prints a table."""
     from backend.grid import SweepInputError, expand_grid

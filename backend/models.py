@@ -19,6 +19,7 @@ from sqlmodel import Field, SQLModel
 from worker.contract import (  # noqa: F401 (re-exported)
     FINAL_STATES,
     JOB_STATES,
+    MAX_REPEATS,
     QUEUE_PATTERN,
     RETRYABLE_STATES,
     UNFINISHED_STATES,
@@ -68,7 +69,7 @@ class SweepCreate(SweepBase):
     tags: dict[str, str] | None = Field(None, description=f"at most {MAX_TAGS}, names and values "
                                                           f"<= {MAX_TAG_CHARS} chars")
     timeout_s: float | None = Field(None, gt=0, description="per job; at most BENCHLAB_MAX_JOB_TIMEOUT_S")
-    repeats: int | None = Field(None, ge=1, le=100)
+    repeats: int | None = Field(None, ge=1, le=MAX_REPEATS)
     queue: str | None = Field(None, max_length=100, schema_extra={"pattern": QUEUE_PATTERN})
     fresh_process: bool = False
 

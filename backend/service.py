@@ -30,6 +30,7 @@ from backend.models import (
     Sweep,
     SweepCreate,
     WorkerRow,
+    no_surrogates,
 )
 from backend.settings import BackendSettings
 from worker.contract import (
@@ -499,8 +500,13 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
     if raw_header is None or not raw_cells:
         raise ValueError("not a benchlab run file: it needs a 'sweep' header line and at least one 'cell' line")
     try:
+        for i, line in enumerate(lines, 1):
+            no_surrogates(line, f"line {i}")
         header = RunHeader.model_validate(raw_header)
         cells = [RunCell.model_validate(c) for c in raw_cells]
+        # the header's name, tags and params as the API takes a sweep's (lengths, counts)
+        SweepCreate.model_validate({"suite": header.suite, "name": name or header.name, "params": header.params,
+                                    "tags": header.tags, "repeats": header.repeats})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

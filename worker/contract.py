@@ -43,6 +43,9 @@ UNFINISHED_STATES = ("queued", "running")  # a job in these has no result yet
 UNFINISHED_STATUSES = ("queued", "running")  # sweep statuses that a wait keeps waiting through
 FinalState = Literal["done", "skipped", "failed", "oom", "timeout", "cancelled"]
 
+MAX_REPEATS = 100  # runs of each cell one sweep may ask for (the API, `benchlab run`, a run file)
+MAX_INDEX = 2**63 - 1  # ids, cell and run indexes: what a 64-bit database integer holds
+
 # Queue names: what Redis keys and the embedded broker's file names can hold. The results queue
 # and Celery's own names are benchlab's: a sweep sent there would be read as worker messages.
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
@@ -179,7 +182,7 @@ class RunHeader(_Message):
     params: GridParams = Field(default_factory=dict)
     name: str | None = None
     tags: dict[str, str] = Field(default_factory=dict)
-    repeats: int = Field(1, ge=1)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     env: dict[str, Any] | None = None
     created_at: float | None = None
     # the run's own id, written by `benchlab run`: importing the same file twice makes one sweep
@@ -191,8 +194,8 @@ class RunCell(_Message):
     """One job of a `benchlab run --out` file."""
 
     kind: Literal["cell"] = "cell"
-    cell: int = Field(ge=0)
-    repeat: int = Field(0, ge=0)
+    cell: int = Field(ge=0, le=MAX_INDEX)
+    repeat: int = Field(0, ge=0, le=MAX_INDEX)
     params: dict[str, Any]
     state: FinalState
     metrics: dict[str, Any] = Field(default_factory=dict)

@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlmodel import select
 
 from backend.artifacts import enforce_retention, usage
 from backend.main import create_app
@@ -67,6 +69,65 @@ def test_import_of_a_bad_export_changes_nothing(tmp_path):
     assert r.returncode == 2 and "newer" in r.stderr
     with TestClient(create_app(BackendSettings(data_dir=tmp_path / "d"), with_recorder=False)) as c:
         assert c.get("/api/sweeps").json() == []
+
+
+def _export(**change) -> list[dict]:
+    """A one-sweep export; change = {kind: {field: value}} edits that kind's row."""
+    key = {"sweep_uid": "s1", "cell_index": 0, "repeat_index": 0}
+    rows = [{"kind": "benchlab-export", "v": 1},
+            {"kind": "environment", "digest": "d1", "data": {"torch": "x"}, "created_at": 1.0},
+            {"kind": "sweep", "uid": "s1", "suite": "noop", "name": "n", "params": {"x": [1]}, "tags": {},
+             "repeats": 1, "queue": "default", "created_at": 1.0},
+            {"kind": "job", **key, "params": {"x": 1}, "state": "done", "attempts": 1, "env_digest": "d1"},
+            {"kind": "result", **key, "attempt": 1, "state": "done", "metrics": {"value": 1.0},
+             "artifacts": [{"name": "trace.json", "size": 3}], "env_digest": "d1"}]
+    for row in rows:
+        row.update(change.get(row["kind"], {}))
+    return rows
+
+
+@pytest.fixture
+def db(tmp_path):
+    from backend.db import make_engine, migrate, session
+
+    engine = make_engine(BackendSettings(data_dir=tmp_path))
+    migrate(engine)
+    with session(engine) as s:
+        yield s
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"job": {"state": "weird"}}, "line 4 (job): state: Value error, unknown job state 'weird'"),
+    ({"result": {"state": "running"}}, "line 5 (result): state: Input should be 'done'"),
+    ({"job": {"cell_index": 2**70}}, "line 4 (job): cell_index: Input should be less than or equal to"),
+    ({"job": {"attempts": 2**70}}, "line 4 (job): attempts: Input should be less than or equal to"),
+    ({"sweep": {"repeats": 2**70}}, "line 3 (sweep): repeats: Input should be less than or equal to 100"),
+    ({"sweep": {"name": "n" * 300}}, "line 3 (sweep): name: String should have at most 200 characters"),
+    ({"sweep": {"queue": "results"}}, "queue 'results' is reserved"),
+    ({"sweep": {"created_at": None}}, "line 3 (sweep): created_at: Input should be a valid number"),
+    ({"job": {"started_at": float("inf")}}, "line 4 (job): started_at: Input should be a finite number"),
+    ({"sweep": {"name": "x\ud800"}}, "line 3.name holds a lone UTF-16 surrogate"),
+    ({"result": {"artifacts": [{"name": "../../x", "size": 1}]}}, "'../../x' is not an artifact name"),
+    ({"job": {"sweep_uid": "zzz"}}, "line 4: it names 'zzz' before the line that defines it")])
+def test_an_export_row_the_api_or_recorder_would_not_have_stored_is_named_and_nothing_is_written(db, change, words):
+    from backend.backup import import_lines
+    from backend.models import Environment, Sweep
+
+    with pytest.raises(ValueError) as exc:
+        import_lines(db, _export(**change))
+    assert words in str(exc.value)
+    db.rollback()
+    assert db.exec(select(Sweep)).all() == [] and db.exec(select(Environment)).all() == []
+
+
+def test_imported_nan_metrics_are_stored_as_the_recorder_stores_them(db):
+    from backend.backup import import_lines
+    from backend.service import result_rows_json
+
+    assert import_lines(db, _export(result={"metrics": {"ok": 1.0, "bad": float("nan"), "deep": [float("inf")]}}))[
+        "results"] == 1
+    row = json.loads(result_rows_json(db, 1))[0]  # strict JSON: the API splices the stored text
+    assert row["metrics"] == {"ok": 1.0, "bad": None, "deep": [None]} and row["nonfinite"] == ["bad", "deep[0]"]
 
 
 def test_an_offline_runs_profiler_artifacts_reach_the_dashboard(tmp_path):

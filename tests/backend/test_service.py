@@ -109,3 +109,23 @@ def test_a_run_imported_twice_is_one_sweep(db):
         import_results(db, lines, name="renamed")
     assert exc.value.sweep_id == first.id
     assert len(db.exec(select(Sweep).where(Sweep.uid == "run-1")).all()) == 1
+
+
+@pytest.mark.parametrize("header, cell, words", [
+    ({}, {"cell": 2**70}, "cell: Input should be less than or equal to"),
+    ({"repeats": 2**70}, {}, "repeats: Input should be less than or equal to 100"),
+    ({"name": "n" * 300}, {}, "name: String should have at most 200 characters"),
+    ({"tags": {str(i): "x" for i in range(60)}}, {}, "at most 50 tags"),
+    ({"name": "bad \ud800"}, {}, "line 1.name holds a lone UTF-16 surrogate"),
+    ({}, {"error": "bad \ud800"}, "line 2.error holds a lone UTF-16 surrogate"),
+    ({}, {"metrics": {"\udc00": 1}}, "line 2.metrics holds a lone UTF-16 surrogate")])
+def test_a_run_file_past_the_apis_limits_is_refused_by_name_and_adds_nothing(db, header, cell, words):
+    # what POST /api/sweeps refuses, and what the database cannot hold, is refused from a run file too
+    from backend.models import Sweep
+    from backend.service import import_results
+
+    lines = [{"kind": "sweep", "suite": "noop", "params": {}, **header}, {**_cell({"x": 1}, {"value": 1.0}), **cell}]
+    with pytest.raises(ValueError, match=words.replace(".", r"\.")):
+        import_results(db, lines)
+    db.rollback()
+    assert db.exec(select(Sweep)).all() == []
