@@ -1,7 +1,8 @@
 """Comparing two sweeps cell by cell with statistics that hold on noisy machines. Torch-free.
 
 For each pair of matching cells (same params, apart from the ones the caller ignores), from their
-raw per-iteration samples (`samples_ms`, pooled over a cell's repeats):
+raw per-iteration samples (`samples_ms`, pooled over a cell's repeats; worker.stats.timings keeps the
+positive finite ones):
 
 - ratio = median(B) / median(A), with a 95 % percentile-bootstrap interval: `resamples` draws of
   each side with replacement (seeded), the ratio of the two medians each time. When both sides hold
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.stats import grouped_ratio_interval, mann_whitney_p, ratio_interval
+from worker.stats import grouped_ratio_interval, mann_whitney_p, ratio_interval, timings
 
 MIN_RUNS_FOR_GROUPED = 3  # repeats per side from which the interval resamples runs, not just samples
 ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton")
@@ -50,12 +51,11 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
                                                        "env_ids": set(), "medians": [], "groups": []})
         c["states"].append(r["state"])
         metrics = r["metrics"] or {}
-        run = [float(x) for x in metrics.get("samples_ms") or []]
+        run = timings(metrics.get("samples_ms"))
         c["samples"] += run
         if run:
             c["groups"].append(run)
-        if isinstance(metrics.get("median_ms"), (int, float)):
-            c["medians"].append(float(metrics["median_ms"]))
+        c["medians"] += timings([metrics.get("median_ms")])
         if r.get("env_id"):
             c["env_ids"].add(r["env_id"])
     return out

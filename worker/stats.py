@@ -18,6 +18,16 @@ import math
 import numpy as np
 
 
+def timings(value) -> list[float]:
+    """The usable times of a stored samples list (ms): positive finite numbers. A sample stored as null
+    (a NaN or infinity on the way in), a zero, a negative or a non-number is left out, and a value that
+    is not a list gives none, so a ratio of medians is always defined."""
+    if not isinstance(value, list):
+        return []
+    return [float(x) for x in value
+            if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
+
+
 def slowest_rank(per_rank: list[list[float]]) -> list[float]:
     """Step i's figure: the slowest rank's time for step i (ranks are barrier-aligned before each step)."""
     return [max(step) for step in zip(*per_rank, strict=True)]

@@ -121,3 +121,19 @@ def test_compare_resamples_runs_from_three_repeats():
 
     assert compare(rows(3), rows(3), {})["cells"][0]["interval_over"] == "runs"
     assert compare(rows(2), rows(3), {})["cells"][0]["interval_over"] == "samples"
+
+
+def test_cells_whose_stored_samples_are_not_all_usable_times_compare_on_the_rest():
+    # a sample stored as null (a NaN on the way in), a zero, a bare number or text where a list belongs:
+    # the comparison and history read the usable times instead of failing on the whole sweep
+    def rows(samples, median=None):
+        return [{"params": {"x": 1}, "state": "done", "env_id": None,
+                 "metrics": {"samples_ms": samples, **({"median_ms": median} if median is not None else {})}}]
+
+    good = [10.0, 10.2, 9.9, 10.1, 10.0]
+    result = compare(rows([*good, None, 0.0]), rows([*good, float("nan"), -1.0]), {})
+    cell = result["cells"][0]
+    assert cell["a"]["n"] == cell["b"]["n"] == 5 and cell["verdict"] == "same"
+    for junk in (3.0, "fast", {"a": 1}, True, [None, None]):
+        cell = compare(rows(junk, median="fast"), rows(good), {})["cells"][0]
+        assert cell["verdict"] == "inconclusive" and cell["reason"] == "no timing samples on side A", junk

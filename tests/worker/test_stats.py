@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.stats import slowest_rank
+from worker.stats import slowest_rank, timings
 
 
 def test_slowest_rank_takes_each_steps_slowest_and_refuses_ragged_ranks():
@@ -11,3 +11,9 @@ def test_slowest_rank_takes_each_steps_slowest_and_refuses_ragged_ranks():
     assert slowest_rank([[7.0, 8.0]]) == [7.0, 8.0]
     with pytest.raises(ValueError):
         slowest_rank([[1.0, 2.0], [1.0]])  # a rank that took fewer steps is a bug, not a figure
+
+
+def test_timings_keep_positive_finite_numbers_and_nothing_else():
+    assert timings([2.0, 1, None, float("nan"), float("inf"), 0.0, -1.0, True, "3", [4.0], 5.5]) == [2.0, 1.0, 5.5]
+    for not_a_list in (None, 3.0, "1,2", {"a": 1.0}, True):
+        assert timings(not_a_list) == []
