@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.stats import positive
+
 MB = 2**20
 
 
@@ -66,9 +68,10 @@ def allreduce_points(rows: list[dict[str, Any]], world_size: int | None = None) 
     out = []
     for r in rows:
         m = r.get("metrics") or {}
-        if r.get("state") != "done" or not m.get("bytes") or not m.get("median_ms"):
+        size, ms = positive(m.get("bytes")), positive(m.get("median_ms"))
+        if r.get("state") != "done" or size is None or ms is None:
             continue
         if world_size is not None and r["params"].get("world_size") != world_size:
             continue
-        out.append((float(m["bytes"]), float(m["median_ms"])))
+        out.append((size, ms))
     return out

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.stats import grouped_ratio_interval, mann_whitney_p, ratio_interval, timings
+from worker.stats import grouped_ratio_interval, mann_whitney_p, positive, ratio_interval, timings
 
 MIN_RUNS_FOR_GROUPED = 3  # repeats per side from which the interval resamples runs, not just samples
 ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "triton")
@@ -55,7 +55,8 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
         c["samples"] += run
         if run:
             c["groups"].append(run)
-        c["medians"] += timings([metrics.get("median_ms")])
+        if positive(metrics.get("median_ms")) is not None:
+            c["medians"].append(positive(metrics["median_ms"]))
         if r.get("env_id"):
             c["env_ids"].add(r["env_id"])
     return out

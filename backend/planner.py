@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from worker.stats import positive
+
 STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
 # how a measured `ddp` cell's wrapper maps onto the planner's strategies
 WRAPPER_STRATEGY = {"naive": "dp", "flat": "dp", "overlap": "dp", "bucketed": "dp", "torch_ddp": "dp",
@@ -198,31 +200,41 @@ def predict_measured(rows: list[dict], c: Cluster, p: Precision = Precision()) -
     recipe_precision), with measured / predicted."""
     out = []
     for r in rows:
-        met, par = r.get("metrics") or {}, r.get("params") or {}
-        leaderboard = "sharding" in par
-        recipe = par.get("sharding") if leaderboard else par.get("wrapper")
-        strategy = (SHARDING_STRATEGY if leaderboard else WRAPPER_STRATEGY).get(recipe)
-        model = met.get("model")
-        if r.get("state") != "done" or strategy is None or not model or met.get("backend") != "nccl":
-            continue
-        m = Model(model["d_model"], model["d_ff"], model["num_layers"], model["num_heads"],
-                  model.get("vocab_size") or par.get("vocab_size", 10_000), model["context_length"])
-        n = int(met.get("world_size") or par.get("world_size") or 1)
-        batch = (par.get("batch", 1) if leaderboard else model["batch"]) * n  # the planner's batch is the step's
-        overlap = leaderboard or par.get("wrapper") not in ("naive", "flat")
-        checkpointing = leaderboard and par.get("checkpointing", "none") != "none"
-        cell_p, note = recipe_precision(par, p) if leaderboard else (p, None)
-        pred = plan_one(m, batch, Cluster(n, c.memory_bytes, c.flops, c.bandwidth, overlap=overlap),
-                        strategy, n, 1, cell_p, checkpointing)
-        step_ms, peak = met.get("median_ms"), met.get("peak_mem_bytes")
-        out.append({"job_id": r.get("job_id"), "wrapper": f"leaderboard {recipe}" if leaderboard else recipe,
-                    "world_size": n, "d_model": m.d_model, "num_layers": m.num_layers, "measured_step_ms": step_ms,
-                    "predicted_step_ms": pred["step_s"] * 1e3,
-                    "step_ratio": step_ms / (pred["step_s"] * 1e3) if step_ms and note is None else None,
-                    "measured_peak_bytes": peak, "predicted_memory_bytes": pred["memory_total"],
-                    "memory_ratio": peak / pred["memory_total"] if peak else None,
-                    "host_bound": met.get("host_bound"), "note": note})
+        try:
+            row = _predicted(r, c, p)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            continue  # metrics not of the shape the ddp and leaderboard suites write (a hand-made file's)
+        if row is not None:
+            out.append(row)
     return out
+
+
+def _predicted(r: dict, c: Cluster, p: Precision) -> dict | None:
+    """predict_measured's row for one result row, or None for a row it does not predict."""
+    met, par = r.get("metrics") or {}, r.get("params") or {}
+    leaderboard = "sharding" in par
+    recipe = par.get("sharding") if leaderboard else par.get("wrapper")
+    strategy = (SHARDING_STRATEGY if leaderboard else WRAPPER_STRATEGY).get(recipe)
+    model = met.get("model")
+    if r.get("state") != "done" or strategy is None or not model or met.get("backend") != "nccl":
+        return None
+    m = Model(model["d_model"], model["d_ff"], model["num_layers"], model["num_heads"],
+              model.get("vocab_size") or par.get("vocab_size", 10_000), model["context_length"])
+    n = int(met.get("world_size") or par.get("world_size") or 1)
+    batch = (par.get("batch", 1) if leaderboard else model["batch"]) * n  # the planner's batch is the step's
+    overlap = leaderboard or par.get("wrapper") not in ("naive", "flat")
+    checkpointing = leaderboard and par.get("checkpointing", "none") != "none"
+    cell_p, note = recipe_precision(par, p) if leaderboard else (p, None)
+    pred = plan_one(m, batch, Cluster(n, c.memory_bytes, c.flops, c.bandwidth, overlap=overlap),
+                    strategy, n, 1, cell_p, checkpointing)
+    step_ms, peak = positive(met.get("median_ms")), positive(met.get("peak_mem_bytes"))
+    return {"job_id": r.get("job_id"), "wrapper": f"leaderboard {recipe}" if leaderboard else recipe,
+            "world_size": n, "d_model": m.d_model, "num_layers": m.num_layers, "measured_step_ms": step_ms,
+            "predicted_step_ms": pred["step_s"] * 1e3,
+            "step_ratio": step_ms / (pred["step_s"] * 1e3) if step_ms and note is None else None,
+            "measured_peak_bytes": peak, "predicted_memory_bytes": pred["memory_total"],
+            "memory_ratio": peak / pred["memory_total"] if peak else None,
+            "host_bound": met.get("host_bound"), "note": note}
 
 
 def _divisors(n: int) -> list[int]:

@@ -18,14 +18,19 @@ import math
 import numpy as np
 
 
+def positive(x) -> float | None:
+    """x as a float when it is a positive finite real number (a stored time, size or rate), else None:
+    a null (a NaN or infinity on the way in), a zero, a negative, a bool or a non-number."""
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    return float(x) if ok else None
+
+
 def timings(value) -> list[float]:
-    """The usable times of a stored samples list (ms): positive finite numbers. A sample stored as null
-    (a NaN or infinity on the way in), a zero, a negative or a non-number is left out, and a value that
-    is not a list gives none, so a ratio of medians is always defined."""
+    """The usable times of a stored samples list (ms): its positive finite numbers (positive), and none
+    from a value that is not a list, so a ratio of medians is always defined."""
     if not isinstance(value, list):
         return []
-    return [float(x) for x in value
-            if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
+    return [t for t in map(positive, value) if t is not None]
 
 
 def slowest_rank(per_rank: list[list[float]]) -> list[float]:

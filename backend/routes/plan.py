@@ -13,6 +13,7 @@ from backend.deps import ReadAuth, SessionDep
 from backend.errors import invalid_query
 from backend.models import Sweep
 from backend.planner import Cluster, Model, plan, predict_measured
+from worker.stats import positive
 
 router = APIRouter(prefix="/api", tags=["planner"], dependencies=[ReadAuth])
 
@@ -30,8 +31,8 @@ def measured_inputs(db) -> dict[str, Any]:
                          .order_by(Sweep.id.desc()).limit(100)).all():
         rows = service.result_rows(db, sweep.id)
         if sweep.suite in ("model", "leaderboard") and "flops" not in found:
-            peaks = [r["metrics"].get("peak_tflops_measured") for r in rows if r["state"] == "done"
-                     and (r["metrics"] or {}).get("peak_tflops_measured")]
+            peaks = [peak for r in rows if r["state"] == "done"
+                     and (peak := positive((r["metrics"] or {}).get("peak_tflops_measured"))) is not None]
             if peaks:
                 found["flops"] = {"tflops": max(peaks),
                                   "source": f"{sweep.suite} sweep #{sweep.id} (measured matmul peak)"}

@@ -55,5 +55,7 @@ def test_curve_counts_buckets_and_spans_the_range():
 def test_points_come_from_finished_cells_of_one_world_size():
     rows = [{"state": "done", "params": {"world_size": 2}, "metrics": {"bytes": 1024, "median_ms": 0.1}},
             {"state": "done", "params": {"world_size": 4}, "metrics": {"bytes": 1024, "median_ms": 0.2}},
-            {"state": "failed", "params": {"world_size": 2}, "metrics": {}}]
-    assert allreduce_points(rows, 2) == [(1024.0, 0.1)]
+            {"state": "failed", "params": {"world_size": 2}, "metrics": {}},
+            {"state": "done", "params": {"world_size": 2}, "metrics": {"bytes": "1k", "median_ms": 0.1}},
+            {"state": "done", "params": {"world_size": 2}, "metrics": {"bytes": 2048, "median_ms": None}}]
+    assert allreduce_points(rows, 2) == [(1024.0, 0.1)]  # a size or time that is not a positive number: no point

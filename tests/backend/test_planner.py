@@ -103,6 +103,19 @@ def test_measured_cells_get_their_predictions():
     assert r["step_ratio"] == pytest.approx(100.0 / r["predicted_step_ms"])
 
 
+@pytest.mark.parametrize("junk", ["fast", [1, 2], {"a": 1}, None, True, -1.0])
+def test_a_measured_cell_whose_metrics_are_not_the_suites_shape_is_left_out_not_a_failure(junk):
+    good = {"job_id": 1, "state": "done", "params": {"wrapper": "bucketed", "world_size": 2},
+            "metrics": {"backend": "nccl", "world_size": 2, "median_ms": 100.0, "peak_mem_bytes": 4e9,
+                        "model": {"d_model": 1000, "d_ff": 4000, "num_layers": 10, "num_heads": 10,
+                                  "context_length": 100, "batch": 4}}}
+    odd_model = {**good, "job_id": 2, "metrics": {**good["metrics"], "model": {"d_model": junk}}}
+    odd_times = {**good, "job_id": 3, "metrics": {**good["metrics"], "median_ms": junk, "peak_mem_bytes": junk}}
+    rows = predict_measured([good, odd_model, odd_times], Cluster(2, 80e9, 1e12, 1e9))
+    assert [r["job_id"] for r in rows] == [1, 3]  # a model it cannot read: no prediction; times: none measured
+    assert rows[1]["measured_step_ms"] is None and rows[1]["step_ratio"] is None and rows[1]["memory_ratio"] is None
+
+
 def test_leaderboard_cells_are_predicted_with_their_sharding_batch_and_checkpointing():
     model = {"d_model": 1000, "d_ff": 4000, "num_layers": 10, "num_heads": 10, "vocab_size": 1000,
              "context_length": 100}
@@ -160,6 +173,7 @@ def test_the_plan_takes_c_from_the_newest_measured_matmul_peak_model_or_leaderbo
     with session(engine) as db:
         import_results(db, sweep("model", 600.0))
         newest = import_results(db, sweep("leaderboard", 700.0))
+        import_results(db, sweep("model", "fast"))  # newer, but no number a plan can use
     with TestClient(create_app(settings, with_recorder=False)) as c:
         r = c.get("/api/plan", params={"size": "small", "devices": 2})
         assert r.json()["sources"]["flops"] == f"leaderboard sweep #{newest.id} (measured matmul peak)"
