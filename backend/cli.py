@@ -34,7 +34,8 @@ def _refusal(r) -> str:
     try:
         detail = r.json()["detail"]
     except (ValueError, KeyError, TypeError):
-        return r.text[:500]
+        server, start = f"{r.url.scheme}://{r.url.netloc.decode()}", " ".join(r.text.split())[:200]
+        return f"an answer that is not benchlab's (is {server} a benchlab server?): {start}"
     from backend.errors import error_messages
 
     return "; ".join(error_messages(detail))[:2000]

@@ -312,3 +312,30 @@ def test_plan_prints_the_api_plan_and_refuses_bad_input_by_name(tmp_path):
                         (["--devices", "100000"], "--devices: Input should be less than or equal to 65536")):
         bad = benchlab("plan", *args, env=env)
         assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
+
+
+def test_a_server_that_is_not_benchlab_is_named_as_such(tmp_path):
+    import time
+
+    import httpx
+
+    from tests.stack import free_port
+
+    port = free_port()
+    other = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/")
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        p = benchlab("compare", "1", "2", "--server", f"http://127.0.0.1:{port}",
+                     env={"BENCHLAB_DATA_DIR": str(tmp_path)})
+        assert p.returncode == 2
+        assert f"is http://127.0.0.1:{port} a benchlab server?" in p.stderr and "<html" not in p.stderr.lower()[:80]
+    finally:
+        other.terminate()
+        other.wait(10)
