@@ -39,6 +39,7 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("benchlab.recorder")
 MAX_TRIES = 3
 RETENTION_INTERVAL_S = 600.0
+BROKER_DOWN_NOTE_S = 60.0  # while the broker is down, one line this often (the first failure in full)
 
 
 class Recorder(threading.Thread):
@@ -149,11 +150,15 @@ class Recorder(threading.Thread):
     def run(self) -> None:
         next_reap = time.monotonic() + self.reap_interval_s
         next_retention = 0.0
+        failures, said_at = 0, 0.0  # broker outage: the first failure in full, then a line now and then
         while not self._stop_event.is_set():
             try:
                 with self.app.connection_for_read() as conn:
                     with Consumer(conn, queues=[RESULTS_QUEUE], callbacks=[self._handle], accept=["json"],
                                   prefetch_count=50, on_decode_error=self._undecodable):
+                        if failures:
+                            log.warning("recorder reached the broker again after %d failed tries", failures)
+                            failures = 0
                         self.listening_since, self.caught_up_at = time.time(), None
                         self.ready.set()
                         while not self._stop_event.is_set():
@@ -170,6 +175,13 @@ class Recorder(threading.Thread):
                             if self.retention is not None and time.monotonic() >= next_retention:
                                 next_retention = time.monotonic() + RETENTION_INTERVAL_S
                                 self._enforce_retention()
-            except Exception:  # noqa: BLE001 - broker went away: reconnect
-                log.exception("recorder lost the broker; reconnecting")
+            except Exception as exc:  # noqa: BLE001 - broker went away: reconnect
+                failures += 1
+                if failures == 1:
+                    log.exception("recorder lost the broker; reconnecting every second")
+                    said_at = time.monotonic()
+                elif time.monotonic() - said_at >= BROKER_DOWN_NOTE_S:
+                    log.warning("recorder still cannot reach the broker (%d tries): %s", failures,
+                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    said_at = time.monotonic()
                 self._stop_event.wait(1.0)

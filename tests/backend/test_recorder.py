@@ -213,3 +213,42 @@ def test_the_workers_own_result_replaces_the_reapers_verdict(tmp_path):
         # a copy of that result, or a later one for the attempt, changes nothing now
         assert not apply_event(db, {"type": "result", "job_id": job, "attempt": 1, "state": "failed", "at": 1102.0})
         assert db.get(Job, job).state == "done"
+
+
+def test_a_broker_outage_is_logged_in_full_once_then_in_lines_and_its_end_is_said(tmp_path, monkeypatch, caplog):
+    import logging
+    import shutil
+    import subprocess
+
+    from backend import recorder as rec_mod
+    from tests.conftest import REQUIRE_REDIS
+    from tests.stack import free_port
+    from worker.celery_app import make_celery
+    from worker.settings import WorkerSettings
+
+    if not shutil.which("redis-server"):
+        if REQUIRE_REDIS:
+            pytest.fail("redis-server is required in CI")
+        pytest.skip("no redis-server")
+    port = free_port()  # nothing listens there yet: the broker is down from the start
+    monkeypatch.setattr(rec_mod, "BROKER_DOWN_NOTE_S", 1.0)
+    settings = WorkerSettings(data_dir=tmp_path, broker_url=f"redis://127.0.0.1:{port}/0")
+    engine = create_app(BackendSettings(data_dir=tmp_path), with_recorder=False).state.engine
+    rec = rec_mod.Recorder(make_celery(settings), engine, worker_settings=settings)
+    caplog.set_level(logging.INFO, logger=rec_mod.log.name)
+    rec.start()
+    redis = None
+    try:
+        wait_until(lambda: sum("still cannot reach" in r.getMessage() for r in caplog.records) >= 2, 30,
+                   "lines while the broker is down")
+        redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert rec.ready.wait(30)
+        wait_until(lambda: any("reached the broker again" in r.getMessage() for r in caplog.records), 30, "said")
+    finally:
+        rec.stop()
+        if redis is not None:
+            redis.kill()
+            redis.wait(5)
+    full = [r for r in caplog.records if r.exc_info]
+    assert len(full) == 1 and "lost the broker" in full[0].getMessage()
