@@ -815,5 +815,26 @@ def db_import(in_path: Path = typer.Argument(..., exists=True, dir_okay=False)) 
     out.print(json.dumps(counts))
 
 
+def main() -> None:
+    """The `benchlab` command: the app, with a bad BENCHLAB_* setting named in one line per setting, and a
+    database it cannot load or reach in one line (exit 2), instead of a traceback."""
+    from pydantic import ValidationError
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+    try:
+        app()
+    except (ArgumentError, NoSuchModuleError, OperationalError) as exc:  # a URL it cannot use, a server down
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        console.print(f"[red]database error[/] (BENCHLAB_DATABASE_URL): {first}")
+        raise SystemExit(2) from None
+    except ValidationError as exc:
+        if not exc.title.endswith("Settings"):  # only the settings classes: anything else is a bug to show
+            raise
+        for e in exc.errors(include_url=False):
+            name = "BENCHLAB_" + "_".join(map(str, e["loc"])).upper()
+            console.print(f"[red]bad setting:[/] {name}: {e['msg']} (got {e['input']!r})")
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class SharedSettings(BaseSettings):
     """What every process of one deployment agrees on: where its data lives and its API token."""
 
-    model_config = SettingsConfigDict(env_prefix="BENCHLAB_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="BENCHLAB_", env_file=".env", extra="ignore", allow_inf_nan=False)
 
     data_dir: Path = Field(Path("./benchlab-data"),
                            description="the SQLite file, artifacts, the embedded broker's folders")

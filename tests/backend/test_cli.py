@@ -339,3 +339,20 @@ def test_a_server_that_is_not_benchlab_is_named_as_such(tmp_path):
     finally:
         other.terminate()
         other.wait(10)
+
+
+@pytest.mark.parametrize("command, setting, words", [
+    (("api",), {"BENCHLAB_PORT": "abc"}, "bad setting: BENCHLAB_PORT: Input should be a valid integer"),
+    (("api",), {"BENCHLAB_MAX_BODY_KB": "0"}, "bad setting: BENCHLAB_MAX_BODY_KB: Input should be greater than or "
+                                              "equal to 1"),
+    (("worker",), {"BENCHLAB_JOB_TIMEOUT_S": "inf"}, "bad setting: BENCHLAB_JOB_TIMEOUT_S: Input should be a finite "
+                                                     "number"),
+    (("worker",), {"BENCHLAB_HEARTBEAT_S": "0"}, "bad setting: BENCHLAB_HEARTBEAT_S: Input should be greater than 0"),
+    (("db", "upgrade"), {"BENCHLAB_DATABASE_URL": "nosuch://x"}, "database error (BENCHLAB_DATABASE_URL): Can't load "
+                                                                 "plugin"),
+    (("api",), {"BENCHLAB_DATABASE_URL": "not a url"}, "database error (BENCHLAB_DATABASE_URL): Could not parse")])
+def test_a_bad_setting_or_database_url_is_one_line_naming_it_not_a_traceback(tmp_path, command, setting, words):
+    # each process checks the settings it reads (a worker never opens the database)
+    p = benchlab(*command, env={"BENCHLAB_DATA_DIR": str(tmp_path), **setting}, timeout=60)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert words in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
