@@ -286,7 +286,21 @@ def run(suite: Optional[str] = typer.Argument(None, help=" | ".join(suite_names(
         sweeps = [(body["suite"], body.get("params", {}), name or body.get("name"), body.get("repeats") or repeats)]
         outs = [out_path]
     else:
-        sweeps, outs = [(suite, dict(parse_param(p) for p in param), name, repeats)], [out_path]
+        pairs = [parse_param(p) for p in param]
+        twice = sorted({k for k, _ in pairs if sum(k == j for j, _ in pairs) > 1})
+        if twice:  # the later would silently win: one -p per param, its values comma-separated
+            console.print(f"[red]bad input:[/] -p {', '.join(twice)} given more than once; give each param once, "
+                          f"with its values comma-separated (-p {twice[0]}=1,2)")
+            raise typer.Exit(2)
+        sweeps, outs = [(suite, dict(pairs), name, repeats)], [out_path]
+    for path in outs:  # before any cell runs: a file that cannot be written would lose the results
+        try:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.open("a").close()
+        except OSError as exc:
+            console.print(f"[red]cannot write {path}:[/] {exc.strerror}")
+            raise typer.Exit(2) from None
     grids = []
     for s_suite, s_params, _, _ in sweeps:
         try:
@@ -318,9 +332,7 @@ def _run_locally(suite: str, params, cells: list[dict[str, Any]], name: str | No
     run_dir = (out_path.parent / f"{out_path.name}.artifacts" if out_path
                else settings.artifact_root / f"run_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}")
     rows: list[dict[str, Any]] = []
-    if out_path:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-    fh = out_path.open("w") if out_path else None
+    fh = out_path.open("w") if out_path else None  # run() made sure it can be written
     if fh:
         fh.write(RunHeader(suite=suite, params=params, name=name, repeats=repeats, created_at=time.time(),
                            uid=uuid.uuid4().hex).model_dump_json() + "\n")
@@ -780,11 +792,19 @@ def db_current() -> None:
 def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to write ('-': standard output)"),
               sweep: list[int] = typer.Option([], "--sweep", help="only these sweep ids (repeatable)")) -> None:
     """Write sweeps with their jobs, results and fingerprints as JSON lines (backup, or another server)."""
+    from sqlmodel import select
+
     from backend.backup import dumps_line, export_lines
     from backend.db import head_revision
+    from backend.models import Sweep
 
     n = 0
     with _database_session() as db:  # the database first: a file is written only once it can be read
+        missing = sorted(set(sweep) - set(db.exec(select(Sweep.id).where(Sweep.id.in_(sweep))).all()))
+        if missing:
+            console.print(f"[red]bad input:[/] no sweep {', '.join(map(str, missing))} in this database; nothing "
+                          "was written")
+            raise typer.Exit(2)
         try:
             fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
         except OSError as exc:

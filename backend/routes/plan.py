@@ -5,7 +5,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from sqlmodel import SQLModel, select
 
 from backend import commfit, service
@@ -73,6 +73,14 @@ class PlanQuery(BaseModel):
     bandwidth_gbps: float | None = Field(None, gt=0, allow_inf_nan=False, description="per device")
     overlap: bool = True
     checkpointing: bool = False
+
+    @field_validator("num_heads")
+    @classmethod
+    def _heads_divide_width(cls, v: int | None, info: ValidationInfo) -> int | None:
+        d_model = info.data.get("d_model")
+        if v is not None and d_model is not None and d_model % v:
+            raise ValueError(f"num_heads ({v}) must divide d_model ({d_model})")
+        return v
 
     @classmethod
     def from_form(cls, fields) -> PlanQuery:

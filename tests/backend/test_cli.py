@@ -309,7 +309,9 @@ def test_plan_prints_the_api_plan_and_refuses_bad_input_by_name(tmp_path):
                         (["--size", "custom", "--d-model", "64"], "size=custom needs d_model"),
                         (["--tflops", "-1"], "--tflops: Input should be greater than 0 (got -1.0)"),
                         (["--memory-gb", "inf"], "--memory-gb: Input should be a finite number"),
-                        (["--devices", "100000"], "--devices: Input should be less than or equal to 65536")):
+                        (["--devices", "100000"], "--devices: Input should be less than or equal to 65536"),
+                        (["--size", "custom", "--d-model", "64", "--d-ff", "1", "--num-layers", "1",
+                          "--num-heads", "3"], "--num-heads: Value error, num_heads (3) must divide d_model (64)")):
         bad = benchlab("plan", *args, env=env)
         assert bad.returncode == 2 and words in bad.stderr, (args, bad.stderr)
 
@@ -356,3 +358,21 @@ def test_a_bad_setting_or_database_url_is_one_line_naming_it_not_a_traceback(tmp
     p = benchlab(*command, env={"BENCHLAB_DATA_DIR": str(tmp_path), **setting}, timeout=60)
     assert p.returncode == 2, p.stderr[-2000:]
     assert words in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+def test_run_refuses_a_param_given_twice_and_an_out_it_cannot_write_before_any_cell_runs(tmp_path):
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path / "data")}
+    p = benchlab("run", "noop", "-p", "x=1", "-p", "x=2", "--out", str(tmp_path / "r.jsonl"), env=env)
+    assert p.returncode == 2 and "-p x given more than once" in p.stderr and "-p x=1,2" in p.stderr, p.stderr
+    for out in (tmp_path, tmp_path / "r.jsonl" / "under-a-file.jsonl"):  # a folder; a file where a folder goes
+        (tmp_path / "r.jsonl").write_text("")
+        p = benchlab("run", "noop", "-p", "x=1", "--out", str(out), env=env)
+        assert p.returncode == 2 and f"cannot write {out}" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "data" / "artifacts").exists()  # no cell ran
+
+
+def test_db_export_of_a_sweep_that_is_not_there_writes_nothing(tmp_path):
+    env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
+    out = tmp_path / "e.jsonl"
+    p = benchlab("db", "export", str(out), "--sweep", "999", env=env)
+    assert p.returncode == 2 and "no sweep 999 in this database" in p.stderr and not out.exists(), p.stderr

@@ -193,14 +193,16 @@ def test_plan_api_validates_and_names_its_sources(tmp_path):
 @pytest.mark.parametrize("field, value, words", [
     ("tflops", "inf", "finite number"), ("tflops", "nan", "finite number"), ("memory_gb", "-1", "greater than 0"),
     ("bandwidth_gbps", "0", "greater than 0"), ("d_model", "-1", "greater than 0"),
-    ("num_heads", "0", "greater than 0"), ("vocab_size", "9" * 40, "less than or equal"),
+    ("num_heads", "0", "greater than 0"), ("num_heads", "3", "num_heads (3) must divide d_model (64)"),
+    ("vocab_size", "9" * 40, "less than or equal"),
     ("devices", "70000", "less than or equal"), ("seq_len", "x", "valid integer")])
 def test_the_planner_page_and_api_refuse_the_same_input_by_name(tmp_path, field, value, words):
     with TestClient(create_app(BackendSettings(data_dir=tmp_path), with_recorder=False)) as c:
-        api = c.get("/api/plan", params={field: value})
+        api = c.get("/api/plan", params={field: value, **({"d_model": "64"} if field == "num_heads" else {})})
         assert api.status_code == 422 and api.json()["detail"][0]["loc"] == ["query", field], api.text
         assert words in api.json()["detail"][0]["msg"]
-        page = c.get("/planner", params={field: value}, headers={"accept": "text/html"})
+        page = c.get("/planner", params={field: value, **({"d_model": "64"} if field == "num_heads" else {})},
+                     headers={"accept": "text/html"})
         assert page.status_code == 422 and f"query parameter &#39;{field}&#39;: " in page.text
         assert words in page.text
 
