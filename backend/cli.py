@@ -28,6 +28,20 @@ out = Console(width=160) if not sys.stdout.isatty() else Console()
 
 
 
+def _seconds(value: float) -> float:
+    """A typer callback for a duration option: a positive finite number of seconds."""
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a positive number of seconds, got {value}")
+    return value
+
+
+def _fraction(value: float) -> float:
+    """A typer callback for --threshold: strictly between 0 and 1 (0.05 is 5 %), as the API takes it."""
+    if not (0 < value < 1):
+        raise typer.BadParameter(f"must lie between 0 and 1 (0.05 is 5 %), got {value}")
+    return value
+
+
 def _refusal(r) -> str:
     """A server's error answer for a person: its `detail` as lines (each field named, as
     backend.errors.error_messages words them), or the start of the body when it is not benchlab's."""
@@ -262,7 +276,7 @@ def run(suite: Optional[str] = typer.Argument(None, help=" | ".join(suite_names(
                                                         "lists them); --out is then a folder"),
         out_path: Optional[Path] = typer.Option(None, "--out", help="write results as JSON lines (importable)"),
         repeats: int = typer.Option(1, min=1, max=MAX_REPEATS),
-        timeout_s: float = typer.Option(1800.0, help="per cell"),
+        timeout_s: float = typer.Option(1800.0, help="per cell", callback=_seconds),
         name: Optional[str] = typer.Option(None)) -> None:
     """Run a grid locally, with no server: each cell in a warm runner process; prints a table."""
     from backend.grid import SweepInputError, expand_grid
@@ -403,7 +417,8 @@ def submit(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="J
            server: str = typer.Option("http://127.0.0.1:8000", envvar="BENCHLAB_SERVER"),
            token: Optional[str] = typer.Option(None, envvar="BENCHLAB_API_TOKEN"),
            wait: bool = typer.Option(False, "--wait", help="wait for the sweep; exit 1 if any cell failed"),
-           poll_s: float = typer.Option(1.0), timeout_s: float = typer.Option(24 * 3600.0)) -> None:
+           poll_s: float = typer.Option(1.0, callback=_seconds),
+           timeout_s: float = typer.Option(24 * 3600.0, callback=_seconds)) -> None:
     """Submit a sweep (the POST /api/sweeps body) to a server."""
     import httpx
 
@@ -486,14 +501,15 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
        baseline: str = typer.Option("auto", help="auto (the newest finished sweep of the same suite and grid on "
                                                  "--baseline-branch) or a sweep id"),
        baseline_branch: str = typer.Option("main"),
-       threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %"),
+       threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %", callback=_fraction),
        ignore: str = typer.Option("", help="comma-separated params not matched on"),
        confirm: bool = typer.Option(False, "--confirm", help="run the cells judged slower once more (beside the "
                                                              "baseline's configuration where it differs only in "
                                                              "ignored params); slower stands only if confirmed"),
        json_out: Optional[Path] = typer.Option(None, "--json"),
        markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
-       timeout_s: float = typer.Option(6 * 3600.0), poll_s: float = typer.Option(1.0)) -> None:
+       timeout_s: float = typer.Option(6 * 3600.0, callback=_seconds),
+       poll_s: float = typer.Option(1.0, callback=_seconds)) -> None:
     """Run a sweep and judge it against its baseline. Exit 0: no cell slower; 1: a cell slower; 2: could
     not judge (a cell failed, OOMed or timed out, no baseline, server unreachable, bad token)."""
     import httpx
@@ -689,7 +705,7 @@ def compare_cmd(a: int = typer.Argument(..., help="sweep A (the baseline)"),
                 b: int = typer.Argument(..., help="sweep B"),
                 server: str = typer.Option("http://127.0.0.1:8000", envvar="BENCHLAB_SERVER"),
                 token: Optional[str] = typer.Option(None, envvar="BENCHLAB_API_TOKEN"),
-                threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %"),
+                threshold: float = typer.Option(0.05, help="relative: 0.05 is 5 %", callback=_fraction),
                 ignore: str = typer.Option("", help="comma-separated params not matched on, e.g. impl"),
                 allow_env_mismatch: bool = typer.Option(False, help="judge cells whose environments differ"),
                 json_out: Optional[Path] = typer.Option(None, "--json", help="write the comparison as JSON"),

@@ -376,3 +376,18 @@ def test_db_export_of_a_sweep_that_is_not_there_writes_nothing(tmp_path):
     out = tmp_path / "e.jsonl"
     p = benchlab("db", "export", str(out), "--sweep", "999", env=env)
     assert p.returncode == 2 and "no sweep 999 in this database" in p.stderr and not out.exists(), p.stderr
+
+
+@pytest.mark.parametrize("args, option", [
+    (("run", "noop", "-p", "x=1", "--timeout-s", "0"), "--timeout-s"),
+    (("run", "noop", "-p", "x=1", "--timeout-s", "nan"), "--timeout-s"),
+    (("submit", "SPEC", "--wait", "--poll-s", "-1", "--server", "http://127.0.0.1:9"), "--poll-s"),
+    (("ci", "SPEC", "--timeout-s", "inf", "--server", "http://127.0.0.1:9"), "--timeout-s"),
+    (("compare", "1", "2", "--threshold", "1.5", "--server", "http://127.0.0.1:9"), "--threshold"),
+    (("ci", "SPEC", "--threshold", "0", "--server", "http://127.0.0.1:9"), "--threshold")])
+def test_durations_and_thresholds_out_of_range_are_refused_before_anything_runs(tmp_path, args, option):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("suite: noop\nparams: {x: 1}\n")
+    p = benchlab(*(str(spec) if a == "SPEC" else a for a in args), env={"BENCHLAB_DATA_DIR": str(tmp_path)})
+    assert p.returncode == 2 and f"Invalid value for '{option}'" in p.stderr, p.stderr
+    assert "cannot reach" not in p.stderr and "timeout" not in p.stdout  # refused before any request or cell
