@@ -14,12 +14,16 @@ This transport changes the file operations and nothing else:
   ack:     delete the claimed file; reject or restore also delete it after re-queueing;
   recover: a claimed file whose consumer process is gone (same host, pid no longer alive) is
            renamed back to `<name>.msg` and handed out again. Every channel does this when it
-           opens and every `RECOVER_EVERY_S` while it polls.
+           opens and every `RECOVER_EVERY_S` while it polls;
+  bad:     a claimed file that is not a message (not UTF-8 JSON: a foreign or damaged file) is
+           renamed to `<name>.msg.bad`, logged, and the next message is read: it would otherwise
+           fail every consumer that claims it, once per restart.
 
 benchlab's settings keep the URL `filesystem://`; `worker.celery_app` maps it to this transport.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -33,8 +37,10 @@ from kombu.utils.json import dumps, loads
 
 PART_SUFFIX = ".part"
 CLAIMED_SUFFIX = ".taken"
+BAD_SUFFIX = ".bad"
 CLAIM_PROPERTY = "benchlab_claim"  # where a delivered message remembers its claimed file
 RECOVER_EVERY_S = 2.0
+log = logging.getLogger(__name__)
 _HOST = socket.gethostname().replace("-", "_").replace(".", "_")
 
 
@@ -110,6 +116,11 @@ class Channel(filesystem.Channel):
                     payload = loads(bytes_to_str(f.read()))
             except OSError as exc:
                 raise ChannelError(f"Cannot read file {claimed!r} from queue.") from exc
+            except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError among them
+                os.replace(claimed, path + BAD_SUFFIX)
+                log.warning("queue %s: %s is not a message (%s); set aside as %s", queue, name, exc,
+                            name + BAD_SUFFIX)
+                continue
             if isinstance(payload, dict) and isinstance(payload.get("properties"), dict):
                 payload["properties"][CLAIM_PROPERTY] = claimed  # deleted at ack
             else:

@@ -129,3 +129,19 @@ def test_a_requeued_message_leaves_no_claim_behind(tmp_path):
         assert msg.payload == {"job": 3}
         msg.ack()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_file_that_is_not_a_message_is_set_aside_and_the_queue_moves_on(tmp_path, caplog):
+    (tmp_path / "0_a.q.msg").write_bytes(b"\xff\xfe not utf-8")
+    (tmp_path / "0_b.q.msg").write_bytes(b"{not json")
+    with _connection(tmp_path) as conn:
+        conn.default_channel._put("q", {"n": 1, "properties": {}})
+        got = conn.default_channel._get("q")
+        assert got["n"] == 1
+        with pytest.raises(Empty):
+            conn.default_channel._get("q")
+    assert sorted(p.name for p in tmp_path.glob("*.bad")) == ["0_a.q.msg.bad", "0_b.q.msg.bad"]
+    assert sum("is not a message" in r.getMessage() for r in caplog.records) == 2
+    with _connection(tmp_path) as again:  # a restarted consumer: nothing is handed out, nothing fails
+        with pytest.raises(Empty):
+            again.default_channel._get("q")
