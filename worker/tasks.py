@@ -166,8 +166,10 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
         except ValidationError as exc:
             log.error("refused a job message that does not match the contract: %s", exc)
             job_id = body.get("job_id") if isinstance(body, dict) else None
-            if isinstance(job_id, int):
-                publish(app, ResultEvent(job_id=job_id, attempt=int(body.get("attempt") or 1), state="failed",
+            attempt = body.get("attempt") if isinstance(body, dict) else None
+            if isinstance(job_id, int) and not isinstance(job_id, bool):  # a result the recorder can place
+                attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt > 0 else 1
+                publish(app, ResultEvent(job_id=job_id, attempt=attempt, state="failed",
                                          error=f"the job message does not match the contract: {exc}",
                                          worker=worker))
             return

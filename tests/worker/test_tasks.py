@@ -94,3 +94,26 @@ def test_a_heartbeat_that_cannot_be_sent_does_not_touch_the_file(tmp_path, monke
     hb = tasks.Heartbeat(app=None, worker="h:w:1", queues=[], interval_s=60, file=tmp_path / "hb")
     hb.beat()
     assert not (tmp_path / "hb").exists()
+
+
+def test_a_job_message_off_the_contract_is_answered_failed_where_it_names_a_job(tmp_path, monkeypatch):
+    import worker.tasks as tasks
+    from worker.celery_app import RUN_JOB_TASK, make_celery
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(data_dir=tmp_path)
+    app = make_celery(settings)
+    sent = []
+    monkeypatch.setattr(tasks, "publish", lambda _app, event: sent.append(event))
+    state = tasks.register_tasks(app, settings, worker_name="w")
+    try:
+        run_job = app.tasks[RUN_JOB_TASK]
+        run_job({"job_id": 7, "attempt": "two"})  # a job id, nothing else valid
+        run_job({"job_id": 8, "attempt": 3})
+        run_job({"job_id": "x"})  # no job to answer for: logged only
+        run_job(["not", "a", "dict"])
+    finally:
+        state["heartbeat"].stop()
+    results = [e for e in sent if isinstance(e, tasks.ResultEvent)]  # the heartbeat's goodbye aside
+    assert [(e.job_id, e.attempt, e.state) for e in results] == [(7, 1, "failed"), (8, 3, "failed")]
+    assert "does not match the contract" in results[0].error
