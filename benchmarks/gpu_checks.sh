@@ -9,6 +9,11 @@
 #                one-rank ddp and allreduce cells, which exercise the CUDA-event timing and the
 #                profiler's kernel accounting
 #   leaderboard  the leaderboard step at a quarter of its layers and context (FSDP and ZeRO-1, one rank)
+#   host         (named only) the flash kernel's launch path piece by piece (flash_host_time --parts)
+#                and its host time in turns with SDPA on six shapes; about 4 minutes
+#   small-grid   (named only) the small grid's seq 128 and 1024 cells, where the host sets the pace,
+#                in three rounds (`--repeats 3`): flash_triton against SDPA flash and cuDNN, each cell
+#                the median of its runs (summarize_attention); about 6 minutes
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
 # benchmarks/specs/leaderboard.yaml.
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON] [STAGE...]     (from the repository root)
@@ -43,6 +48,21 @@ for stage in $stages; do
       timeout 400 "$py" -m backend.cli run leaderboard --out "$out/leaderboard_1gpu.jsonl" --timeout-s 190 -p device=cuda \
         -p world_size=1 -p scale=0.25 -p sharding=fsdp,zero1 -p steps=3 > "$out/leaderboard_1gpu.log" 2>&1
       echo "leaderboard rc=$?"; tail -n 6 "$out/leaderboard_1gpu.log" ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard)"; exit 2 ;;
+    host)
+      timeout 280 "$py" -m benchmarks.flash_host_time --parts --rounds 5 --out "$out/flash_host_parts.json" \
+        --commit "${BENCHLAB_COMMIT:-}" > "$out/flash_host_parts.log" 2>&1
+      echo "host parts rc=$?"; tail -n 2 "$out/flash_host_parts.log" | cut -c1-400
+      timeout 300 "$py" -m benchmarks.flash_host_time --rounds 2 --out "$out/flash_host_time.json" \
+        --commit "${BENCHLAB_COMMIT:-}" > "$out/flash_host_time.log" 2>&1
+      echo "host time rc=$?"; tail -n 6 "$out/flash_host_time.log" | cut -c1-400 ;;
+    small-grid)
+      timeout 560 "$py" -m backend.cli run attention --out "$out/attention_small_hostbound.jsonl" --repeats 3 \
+        -p impl=flash_triton,sdpa_flash,sdpa_cudnn -p batch=1,8 -p heads=16,32 -p seq_len=128,1024 \
+        -p d_head=64,128 -p causal=true,false -p dtype=bf16 -p pass=fwd_bwd -p device=cuda -p warmup=5 \
+        -p repeats=30 > "$out/attention_small_hostbound.log" 2>&1
+      echo "small grid rc=$?"
+      "$py" -m benchmarks.summarize_attention "$out/attention_small_hostbound.jsonl" \
+        > "$out/attention_small_hostbound.md" 2>&1; tail -n 20 "$out/attention_small_hostbound.md" ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid)"; exit 2 ;;
   esac
 done
