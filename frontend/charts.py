@@ -76,13 +76,22 @@ def _sort_key(v):
     return (0, v) if isinstance(v, (int, float)) else (1, str(v))
 
 
+def series_colors(rows: list[dict[str, Any]], series: list[str]) -> dict[str, str]:
+    """A colour per series label (`_label` of the series params), from every row of a page: the charts
+    of one page then draw a series in one colour, even where a chart lacks some of them (the speed-up
+    over naive has no naive line)."""
+    labels = sorted({_label(r, series) for r in rows}, key=str)
+    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+
+
 def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], facets: list[str], title: str,
                 y_title: str, log_x: bool = True, log_y: bool = False, scale: float = 1.0,
-                marks_alone: bool = True) -> go.Figure | None:
+                marks_alone: bool = True, colors: dict[str, str] | None = None) -> go.Figure | None:
     """One subplot per facet value, one line per series value; OOM/skipped/failed cells drawn as x markers,
     host-bound cells hollow with their GPU-busy share in the hover. None when there is nothing to draw, or
     (marks_alone=False) when no finished cell has the metric: a chart of a figure only some devices
-    record (peak memory, which CPU cells leave empty) is left out rather than drawn with marks alone."""
+    record (peak memory, which CPU cells leave empty) is left out rather than drawn with marks alone.
+    `colors` (series_colors of the page's rows) keeps a series' colour the same across a page's charts."""
     done = [r for r in rows if r.get("state") == "done" and isinstance(r.get(y), (int, float))]
     bad = [r for r in rows if r.get("state") in PROBLEM_STATES]
     if not done and (not bad or not marks_alone):
@@ -93,7 +102,7 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
     fig = make_subplots(rows=nrows, cols=cols, subplot_titles=facet_vals if facets else None,
                         horizontal_spacing=0.08, vertical_spacing=0.12)
     series_vals = sorted({_label(r, series) for r in done + bad}, key=str)
-    colors = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series_vals)}
+    colors = {**series_colors(done + bad, series), **(colors or {})}
     shown: set[str] = set()
     for fi, fv in enumerate(facet_vals):
         rr, cc = fi // cols + 1, fi % cols + 1
@@ -169,18 +178,20 @@ def attention_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     var = varying(flat, params)
     facets = [k for k in ("d_head", "dtype", "causal", "pass") if k in var]
     series = [k for k in var if k not in facets and k not in ("seq_len", "warmup", "repeats")] or ["impl"]
+    colors = series_colors(flat, series)
     figs = [
         facet_lines(flat, "seq_len", "median_ms", series, facets, "Latency vs sequence length", "ms (median, p20-p80)",
-                    log_y=True),
-        facet_lines(flat, "seq_len", "tflops", series, facets, "Throughput vs sequence length", "TFLOP/s", log_y=False),
+                    log_y=True, colors=colors),
+        facet_lines(flat, "seq_len", "tflops", series, facets, "Throughput vs sequence length", "TFLOP/s", log_y=False,
+                    colors=colors),
         facet_lines(flat, "seq_len", "peak_mem_bytes", series, facets, "Peak memory vs sequence length", "MiB",
-                    log_y=True, scale=1 / 2**20, marks_alone=False),
+                    log_y=True, scale=1 / 2**20, marks_alone=False, colors=colors),
     ]
     if any(r.get("impl") == "naive" for r in flat) and len({r.get("impl") for r in flat}) > 1:
         sp = ratio_rows(flat, "impl", "naive")
         if sp:
             figs.append(facet_lines(sp, "seq_len", "speedup", [s for s in series if s != "state"], facets,
-                                    "Speed-up over naive attention", "x faster than naive"))
+                                    "Speed-up over naive attention", "x faster than naive", colors=colors))
     return [f for f in figs if f is not None]
 
 
@@ -368,7 +379,9 @@ def allreduce_figures(rows: list[dict[str, Any]], model: dict[str, Any] | None =
     params = list(rows[0]["params"]) if rows else []
     var = varying(flat, params)
     series = [k for k in var if k != "size_mb"] or ["world_size"]
-    latency = facet_lines(flat, "size_mb", "median_ms", series, [], "All-reduce latency", "ms", log_y=True)
+    colors = series_colors(flat, series)
+    latency = facet_lines(flat, "size_mb", "median_ms", series, [], "All-reduce latency", "ms", log_y=True,
+                          colors=colors)
     for ws, fit in ((model or {}).get("fits") or {}).items():
         if latency is None:
             break
@@ -378,7 +391,8 @@ def allreduce_figures(rows: list[dict[str, Any]], model: dict[str, Any] | None =
             x=xs, y=[fit["o_ms"] + x * 2**20 / (fit["w_gbps"] * 1e9) * 1e3 for x in xs], mode="lines",
             line=dict(color="#333", dash="dot"),
             name=f"fit, {ws} ranks: o = {fit['o_ms'] * 1000:.1f} us, w = {fit['w_gbps']:.1f} GB/s"))
-    figs = [facet_lines(flat, "size_mb", "busbw_gbps", series, [], "All-reduce bus bandwidth", "GB/s"), latency]
+    figs = [facet_lines(flat, "size_mb", "busbw_gbps", series, [], "All-reduce bus bandwidth", "GB/s", colors=colors),
+            latency]
     return [f for f in figs if f is not None]
 
 

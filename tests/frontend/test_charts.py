@@ -174,3 +174,16 @@ def test_model_charts_keep_configurations_apart_that_differ_in_any_param():
     speedup = figs["bf16 autocast speed-up over fp32"]["data"][0]
     assert len(set(speedup["x"])) == 6 and "context_length=32, scope=fwd" in speedup["x"]
     assert list(speedup["y"]) == [2.0] * 6
+
+
+def test_a_series_keeps_its_colour_across_a_pages_charts_even_where_a_chart_lacks_others():
+    rows = [{"params": {"impl": impl, "seq_len": s}, "state": "done", "job_id": 1, "error": None,
+             "metrics": {"median_ms": ms * s, "tflops": 1.0 / ms}}
+            for impl, ms in (("flash_pytorch", 0.5), ("naive", 1.0), ("sdpa", 0.2)) for s in (64, 128)]
+    figs = sweep_figures("attention", rows)
+    latency = next(f for f in figs if f["layout"]["title"]["text"].startswith("Latency"))
+    speedup = next(f for f in figs if f["layout"]["title"]["text"].startswith("Speed-up"))
+    color = {t["name"]: t["line"]["color"] for t in latency["data"]}
+    assert len(set(color.values())) == 3
+    assert {t["name"] for t in speedup["data"]} == {"impl=flash_pytorch", "impl=sdpa"}  # no naive line there
+    assert all(t["line"]["color"] == color[t["name"]] for t in speedup["data"])
