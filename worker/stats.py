@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+RESAMPLE_BLOCK = 1 << 21  # bootstrap indexes drawn at once (16 MiB of int64)
+
 
 def positive(x) -> float | None:
     """x as a float when it is a positive finite real number (a stored time, size or rate), else None:
@@ -39,10 +41,19 @@ def slowest_rank(per_rank: list[list[float]]) -> list[float]:
 
 
 def _resampled_medians(x: list[float], rng, resamples: int):
+    """The median of x, and the medians of `resamples` bootstrap draws of it. The draws are made
+    RESAMPLE_BLOCK indexes at a time (the same stream as all at once, so the same medians): memory
+    stays flat however many samples a cell holds (2,000 draws of 100,000 samples at once are 1.6 GB)."""
     xs = np.asarray(x, dtype=float)
-    if len(xs) == 0:
+    n = len(xs)
+    if n == 0:
         raise ValueError("both sides need at least one sample")
-    return float(np.median(xs)), np.median(xs[rng.integers(0, len(xs), (resamples, len(xs)))], axis=1)
+    medians = np.empty(resamples)
+    rows = max(1, RESAMPLE_BLOCK // n)
+    for start in range(0, resamples, rows):
+        k = min(rows, resamples - start)
+        medians[start:start + k] = np.median(xs[rng.integers(0, n, (k, n))], axis=1)
+    return float(np.median(xs)), medians
 
 
 def _bootstrap_medians(a: list[float], b: list[float], resamples: int, seed: int):

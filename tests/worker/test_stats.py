@@ -17,3 +17,22 @@ def test_timings_keep_positive_finite_numbers_and_nothing_else():
     assert timings([2.0, 1, None, float("nan"), float("inf"), 0.0, -1.0, True, "3", [4.0], 5.5]) == [2.0, 1.0, 5.5]
     for not_a_list in (None, 3.0, "1,2", {"a": 1.0}, True):
         assert timings(not_a_list) == []
+
+
+def test_bootstrap_medians_are_drawn_in_blocks_with_the_same_stream_and_flat_memory():
+    import tracemalloc
+
+    import numpy as np
+
+    from worker.stats import _resampled_medians
+
+    x = list(np.random.default_rng(3).random(20_000))
+    med, draws = _resampled_medians(x, np.random.default_rng(0), 2000)
+    xs = np.asarray(x)
+    whole = np.median(xs[np.random.default_rng(0).integers(0, len(xs), (7, len(xs)))], axis=1)
+    assert med == float(np.median(xs)) and np.array_equal(draws[:7], whole)  # what one draw of all gives
+    tracemalloc.start()
+    _resampled_medians(x, np.random.default_rng(0), 2000)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 2**20  # all 2,000 x 20,000 indexes at once would be 305 MiB
