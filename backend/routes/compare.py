@@ -53,10 +53,15 @@ def get_compare(a: SweepQ, b: SweepQ, db: SessionDep,
 
 
 def load_sweeps(db, a: int, b: int) -> tuple[list[dict], list[dict], dict[int, dict]]:
-    """Both sweeps' result rows and the environments they name (404 if a sweep is missing)."""
-    for sid in (a, b):
-        if db.get(Sweep, sid) is None:
+    """Both sweeps' result rows and the environments they name (404 if a sweep is missing; 422 if the two
+    ran different suites, whose cells measure different things even where their params coincide)."""
+    sweeps = [db.get(Sweep, sid) for sid in (a, b)]
+    for sid, sweep in zip((a, b), sweeps, strict=True):
+        if sweep is None:
             raise HTTPException(404, detail=f"sweep {sid} not found")
+    if sweeps[0].suite != sweeps[1].suite:
+        raise invalid_query("b", f"sweep {a} ran the {sweeps[0].suite} suite and sweep {b} the {sweeps[1].suite} "
+                                 "suite: only sweeps of one suite compare")
     rows_a, rows_b = service.result_rows(db, a), service.result_rows(db, b)
     return rows_a, rows_b, service.environments(db, rows_a + rows_b)
 

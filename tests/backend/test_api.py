@@ -319,3 +319,18 @@ def test_a_list_of_grids_is_one_sweep_with_each_cell_once(client):
     bad = client.post("/api/sweeps", json={"suite": "noop", "params": [{"x": 1}, {"nope": 1}]})
     assert bad.status_code == 422
     assert [e["loc"] for e in bad.json()["detail"]] == [["body", "params", 1, "nope"]]
+
+
+def test_sweeps_of_two_suites_do_not_compare(client):
+    from backend.service import import_results
+
+    with session(client.app_ref.state.engine) as db:
+        for suite in ("noop", "attention"):  # cells whose params coincide, measuring different things
+            import_results(db, [{"kind": "sweep", "suite": suite, "params": {}},
+                                {"kind": "cell", "cell": 0, "params": {"x": 1}, "state": "done",
+                                 "metrics": {"samples_ms": [1.0, 2.0]}}])
+    r = client.get("/api/compare", params={"a": 1, "b": 2})
+    assert r.status_code == 422 and "ran the noop suite and sweep 2 the attention suite" in r.text
+    page = client.get("/compare", params={"a": 1, "b": 2}, headers={"accept": "text/html"})
+    assert page.status_code == 422 and "only sweeps of one suite compare" in page.text
+    assert client.get("/api/compare", params={"a": 1, "b": 1}).status_code == 200
