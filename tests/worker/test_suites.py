@@ -97,6 +97,36 @@ def test_ddp_size_resolution():
         validate_cell("ddp", {"d_model": 100, "num_heads": 3})
 
 
+def test_fsdps_step_without_communication_updates_this_ranks_share_as_fsdp_does():
+    import math
+
+    import torch
+
+    from kernels.model import TransformerLM
+    from parallel.fsdp import default_should_shard
+    from worker.suites.ddp_rank import ShardStep
+
+    torch.manual_seed(0)
+    model = TransformerLM(64, 8, 24, 2, 2, 40)  # vocab, context, d_model, layers, heads, d_ff
+    steps = [ShardStep(model, {"optimizer": "sgd"}, rank, 3, default_should_shard) for rank in range(3)]
+    sharded = {id(q): q for m in model.modules() if default_should_shard(m) for q in m.parameters(recurse=False)}
+    for q in sharded.values():  # the three ranks' slices cover each sharded parameter once, in FSDP's cut
+        cuts = [(lo, hi) for s in steps for (p, _, lo, hi) in s.pieces if p is q]
+        k = math.ceil(q.numel() / 3)
+        assert cuts == [(r * k, min((r + 1) * k, q.numel())) for r in range(3) if r * k < q.numel()]
+    norms = [q for q in model.parameters() if id(q) not in sharded]
+    assert norms and all([id(q) for q in s.replicated] == [id(q) for q in norms] for s in steps)
+    step = steps[1]
+    step.zero_grad()
+    torch.nn.functional.mse_loss(model(torch.zeros(1, 8, dtype=torch.long)), torch.ones(1, 8, 64)).backward()
+    param, buf, lo, hi = step.pieces[0]
+    before, grad = buf.detach().clone(), param.grad.reshape(-1)[lo:hi].clone()
+    step.step()
+    assert torch.allclose(buf.detach(), before - 1e-4 * grad)  # SGD, lr 1e-4: this rank's slice, its own grad
+    step.zero_grad()
+    assert all(q.grad is None for q in model.parameters())
+
+
 def test_memory_counts_each_storage_once():
     import torch
 

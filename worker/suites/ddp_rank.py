@@ -5,7 +5,8 @@ Two variants of one training step, in the same processes:
   nocomm    the same step with no communication: the same model and optimizer inside the wrapper's
             `no_sync()` (ZeRO-1 also skips its parameter broadcasts). FSDP cannot compute without
             gathering its shards, so its nocomm step is an unsharded replica computing in the same
-            dtype with the same optimizer class (which then updates all parameters, not 1/N).
+            dtype, whose optimizer (ShardStep: the same class) updates what FSDP's updates on this
+            rank: a 1/N slice of each sharded parameter and every replicated one.
 They are timed in alternating blocks (A B B A A B B A ...), so drift and clock changes hit both.
 
 Per timed step: the GPU is idle and a gloo barrier aligns the ranks' hosts, then CUDA events on the
@@ -86,6 +87,44 @@ def make_optimizer(params, cfg: dict[str, Any]) -> torch.optim.Optimizer:
     return (torch.optim.AdamW if cfg["optimizer"] == "adamw" else torch.optim.SGD)(params, lr=1e-4)
 
 
+class ShardStep:
+    """The optimizer of FSDP's nocomm replica, doing this rank's share of FSDP's update: the optimizer
+    `cfg` names over a slice of ceil(numel / N) elements of each parameter FSDP shards (this rank's, as
+    parallel/fsdp.py cuts them; its gradient is a view of the replica's, so nothing is copied) and over
+    every parameter FSDP replicates (norms). The slices are buffers of their own: the replica's weights
+    stay as built, which changes no timing. zero_grad clears the replica's gradients as well."""
+
+    def __init__(self, model: nn.Module, cfg: dict[str, Any], rank: int, world: int,
+                 should_shard: Callable[[nn.Module], bool]):
+        self.model = model
+        self.pieces: list[tuple[nn.Parameter, torch.Tensor, int, int]] = []  # (param, slice buffer, lo, hi)
+        sharded: set[int] = set()
+        for mod in model.modules():
+            if not should_shard(mod):
+                continue
+            for param in mod.parameters(recurse=False):
+                if id(param) in sharded or not param.requires_grad:
+                    continue  # a tied parameter is sharded once
+                sharded.add(id(param))
+                k = -(-param.numel() // world)
+                lo, hi = min(rank * k, param.numel()), min((rank + 1) * k, param.numel())
+                if hi > lo:
+                    buf = param.detach().reshape(-1)[lo:hi].clone().requires_grad_()
+                    self.pieces.append((param, buf, lo, hi))
+        self.replicated = [q for q in model.parameters() if q.requires_grad and id(q) not in sharded]
+        self.opt = make_optimizer([buf for _, buf, _, _ in self.pieces] + self.replicated, cfg)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for param, buf, lo, hi in self.pieces:
+            if param.grad is not None:
+                buf.grad = param.grad.reshape(-1)[lo:hi]
+        self.opt.step()
+
+
 class Variant:
     """One way to take a step: module, optimizer, the finish call, a context (no_sync or nothing)."""
 
@@ -111,7 +150,7 @@ class Variant:
 def make_variants(cfg: dict[str, Any], device: str) -> tuple[Variant, Callable[[], Variant], nn.Module]:
     """(wrapped, a builder of the nocomm variant, the unwrapped model) for cfg['wrapper']."""
     from parallel.ddp import WRAPPERS, BucketedDDP
-    from parallel.fsdp import FSDP
+    from parallel.fsdp import FSDP, default_should_shard
     from parallel.sharded_optimizer import ShardedOptimizer
 
     name = cfg["wrapper"]
@@ -129,7 +168,8 @@ def make_variants(cfg: dict[str, Any], device: str) -> tuple[Variant, Callable[[
 
         def replica() -> Variant:
             m = build_model(cfg, device)
-            return Variant(m, make_optimizer(m.parameters(), cfg), lambda: None, none, autocast)
+            return Variant(m, ShardStep(m, cfg, wrapped.rank, wrapped.world_size, default_should_shard),
+                           lambda: None, none, autocast)
         return v, replica, model
     if name == "torch_ddp":
         wrapped = nn.parallel.DistributedDataParallel(
