@@ -71,13 +71,13 @@ Created = Field(default_factory=time.time, allow_inf_nan=False)  # a row's creat
 Index = Field(ge=0, le=MAX_INDEX)
 
 
-class EnvironmentRow(BaseModel):
+class EnvironmentLine(BaseModel):
     digest: str = Field(min_length=1, max_length=64)
     data: dict[str, Any]
     created_at: float = Created
 
 
-class SweepRow(BaseModel):
+class SweepLine(BaseModel):
     uid: str = Field(min_length=1, max_length=64)
     suite: str
     name: str | None = None
@@ -98,7 +98,7 @@ class SweepRow(BaseModel):
         return self
 
 
-class JobRow(BaseModel):
+class JobLine(BaseModel):
     sweep_uid: str
     cell_index: int = Index
     repeat_index: int = Field(0, ge=0, le=MAX_INDEX)
@@ -121,7 +121,7 @@ class JobRow(BaseModel):
         return v
 
 
-class ArtifactRow(BaseModel):
+class ArtifactLine(BaseModel):
     name: str
     size: int = Field(ge=0, le=MAX_INDEX)
 
@@ -133,7 +133,7 @@ class ArtifactRow(BaseModel):
         return v
 
 
-class ResultRow(BaseModel):
+class ResultLine(BaseModel):
     sweep_uid: str
     cell_index: int = Index
     repeat_index: int = Field(0, ge=0, le=MAX_INDEX)
@@ -141,7 +141,7 @@ class ResultRow(BaseModel):
     state: FinalState
     metrics: dict[str, Any] = Field(default_factory=dict)
     nonfinite: list[str] = Field(default_factory=list)
-    artifacts: list[ArtifactRow] = Field(default_factory=list)
+    artifacts: list[ArtifactLine] = Field(default_factory=list)
     duration_s: float | None = Time
     created_at: float = Created
     env_digest: str | None = None
@@ -153,17 +153,17 @@ class ResultRow(BaseModel):
         return self
 
 
-_ROWS = {"environment": EnvironmentRow, "sweep": SweepRow, "job": JobRow, "result": ResultRow}
+_LINES = {"environment": EnvironmentLine, "sweep": SweepLine, "job": JobLine, "result": ResultLine}
 
 
 def _checked(n: int, line: Any) -> BaseModel:
     """Line n as its kind's row model, or a ValueError naming the line and the field."""
-    if not isinstance(line, dict) or line.get("kind") not in _ROWS:
+    if not isinstance(line, dict) or line.get("kind") not in _LINES:
         kind = line.get("kind") if isinstance(line, dict) else type(line).__name__
         raise ValueError(f"line {n}: unknown kind {kind!r}")
     no_surrogates(line, f"line {n}")
     try:
-        return _ROWS[line["kind"]].model_validate(line)
+        return _LINES[line["kind"]].model_validate(line)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(map(str, first["loc"])) or "the row"
@@ -180,7 +180,10 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]
     lines = list(lines)
     if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != EXPORT_KIND:
         raise ValueError(f"not a benchlab export: the first line must be {{\"kind\": \"{EXPORT_KIND}\", ...}}")
-    if int(lines[0].get("v", 0)) > EXPORT_VERSION:
+    version = lines[0].get("v", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"not a benchlab export: its version {version!r} is not a whole number")
+    if version > EXPORT_VERSION:
         raise ValueError(f"export version {lines[0].get('v')} is newer than this benchlab's {EXPORT_VERSION}")
     rows = [(n, _checked(n, ln)) for n, ln in enumerate(lines[1:], start=2)]  # all of them, before any write
     counts = {"sweeps": 0, "jobs": 0, "results": 0, "environments": 0, "sweeps_skipped": 0}
@@ -189,7 +192,7 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]
     jobs: dict[tuple, Job] = {}
     for n, row in rows:
         try:
-            if isinstance(row, EnvironmentRow):
+            if isinstance(row, EnvironmentLine):
                 found = db.exec(select(Environment).where(Environment.digest == row.digest)).first()
                 if found is None:
                     found = Environment(digest=row.digest, data=row.data, **_set(row, ("created_at",)))
@@ -197,7 +200,7 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]
                     db.flush()
                     counts["environments"] += 1
                 env_ids[row.digest] = found.id
-            elif isinstance(row, SweepRow):
+            elif isinstance(row, SweepLine):
                 if db.exec(select(Sweep.id).where(Sweep.uid == row.uid)).first() is not None:
                     sweeps[row.uid] = None
                     counts["sweeps_skipped"] += 1
@@ -207,7 +210,7 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]
                 db.flush()
                 sweeps[s.uid] = s
                 counts["sweeps"] += 1
-            elif isinstance(row, JobRow):
+            elif isinstance(row, JobLine):
                 s = sweeps[row.sweep_uid]
                 if s is None:
                     continue
