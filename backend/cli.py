@@ -290,6 +290,10 @@ def run(suite: Optional[str] = typer.Argument(None, help=" | ".join(suite_names(
         if preset not in PRESETS:
             console.print(f"[red]bad input:[/] no preset {preset!r}; presets: {', '.join(PRESETS)}")
             raise typer.Exit(2)
+        if out_path is not None and out_path.exists() and not out_path.is_dir():
+            console.print(f"[red]bad input:[/] --preset writes a file per sweep into the folder --out names, and "
+                          f"{out_path} is a file")
+            raise typer.Exit(2)
         sweeps = [(b.suite, b.params, b.name, b.repeats or repeats) for b in PRESETS[preset][1]]
         outs = [out_path / f"{i}_{s[0]}.jsonl" if out_path else None for i, s in enumerate(sweeps)]
     elif spec is not None:

@@ -368,6 +368,8 @@ def test_run_refuses_a_param_given_twice_and_an_out_it_cannot_write_before_any_c
         (tmp_path / "r.jsonl").write_text("")
         p = benchlab("run", "noop", "-p", "x=1", "--out", str(out), env=env)
         assert p.returncode == 2 and f"cannot write {out}" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = benchlab("run", "--preset", "ddp-course-cpu", "--out", str(tmp_path / "r.jsonl"), env=env)
+    assert p.returncode == 2 and "writes a file per sweep into the folder" in p.stderr, p.stderr
     assert not (tmp_path / "data" / "artifacts").exists()  # no cell ran
 
 
