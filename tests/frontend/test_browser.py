@@ -76,6 +76,19 @@ def test_bad_form_input_shows_the_field_and_submits_nothing(browser, stack):
     page.click("#submit")
     page.wait_for_selector("#form-error:not(:empty)")
     assert "seq_len" in page.inner_text("#form-error")
+    # text that Number() would read as 16 or Infinity (sent as null) goes as typed, and is named
+    for typed, shown in (("0x10", "'0x10'"), ("128,Infinity", "'Infinity'"), ("1e999", "'1e999'")):
+        page.evaluate("document.getElementById('form-error').textContent = ''")
+        page.fill("#f-seq_len", typed)
+        page.click("#submit")
+        page.wait_for_selector("#form-error:not(:empty)")
+        assert "seq_len" in page.inner_text("#form-error") and shown in page.inner_text("#form-error"), typed
+    page.fill("#f-seq_len", "128")
+    page.fill("#repeats", "two")  # was sent as null, which the server read as 1
+    page.evaluate("document.getElementById('form-error').textContent = ''")
+    page.click("#submit")
+    page.wait_for_selector("#form-error:not(:empty)")
+    assert "repeats" in page.inner_text("#form-error")
     assert len(stack.client.get("/api/sweeps").json()) == before
     page.close()
 
