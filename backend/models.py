@@ -237,6 +237,7 @@ class ArtifactStored(SQLModel):
     job_id: int
     name: str
     size: int
+    attempt: int = 1
 
 
 # -- workers and the recorder ------------------------------------------------------------------------

@@ -27,6 +27,12 @@ class SharedSettings(BaseSettings):
     def artifact_root(self) -> Path:
         return self.resolved_data_dir / "artifacts"
 
+    def artifact_dir(self, job_id: int, attempt: int = 1) -> Path:
+        """Where one attempt of a job keeps its artifacts: `job_<id>/` for the first, and
+        `job_<id>/attempt_<n>/` for a retry, so a retried job's files never meet the earlier ones'."""
+        folder = self.artifact_root / f"job_{job_id}"
+        return folder if attempt <= 1 else folder / f"attempt_{attempt}"
+
 
 class WorkerSettings(SharedSettings):
     """The worker's own settings (and the job limits the API enforces with them)."""

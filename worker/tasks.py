@@ -68,8 +68,10 @@ class RunningReport:
             self._done = True
 
 
-def upload_artifacts(settings: WorkerSettings, job_id: int, folder, artifacts: list[dict]) -> list[str]:
-    """PUT each artifact to the API (for a GPU host that shares no disk with it). Returns errors."""
+def upload_artifacts(settings: WorkerSettings, job_id: int, folder, artifacts: list[dict],
+                     attempt: int = 1) -> list[str]:
+    """PUT each artifact of one attempt to the API (for a GPU host that shares no disk with it).
+    Returns errors."""
     errors = []
     headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
     for art in artifacts:
@@ -77,7 +79,7 @@ def upload_artifacts(settings: WorkerSettings, job_id: int, folder, artifacts: l
         try:
             with path.open("rb") as f:
                 r = httpx.put(f"{settings.api_url.rstrip('/')}/api/jobs/{job_id}/artifacts/{art['name']}",
-                              content=f, headers=headers, timeout=300)
+                              params={"attempt": attempt}, content=f, headers=headers, timeout=300)
             if r.status_code >= 300:
                 errors.append(f"upload of {art['name']} failed: HTTP {r.status_code} {r.text[:200]}")
         except (OSError, httpx.HTTPError) as exc:
@@ -204,7 +206,7 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
             except Exception:  # noqa: BLE001 - the broker is away: keep running
                 return False
 
-        artifact_dir = settings.artifact_root / f"job_{job.job_id}"
+        artifact_dir = settings.artifact_dir(job.job_id, attempt)
         timeout_s = float(job.timeout_s or settings.job_timeout_s)
         lease = None
         try:
@@ -231,7 +233,7 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
         if state.get("stopping") and outcome.state == "failed":
             outcome.error = f"the worker was stopped ({state['stopping']}) during the job; retry it"
         if outcome.artifacts and settings.api_url:
-            errors = upload_artifacts(settings, job.job_id, artifact_dir, outcome.artifacts)
+            errors = upload_artifacts(settings, job.job_id, artifact_dir, outcome.artifacts, attempt)
             if errors:
                 outcome.error = ((outcome.error or "") + "\n" + "\n".join(errors)).strip()
         publish(app, ResultEvent(job_id=job.job_id, attempt=attempt, worker=worker, **outcome.as_dict()))

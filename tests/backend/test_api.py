@@ -202,6 +202,25 @@ def test_every_body_a_route_serves_is_a_content_type_its_schema_declares(client)
         assert served in paths[route]["get"]["responses"]["200"]["content"], (url, served)
 
 
+def test_a_retried_jobs_artifacts_are_kept_per_attempt_and_the_newest_is_served(client):
+    sid = client.post("/api/sweeps", json={"suite": "noop", "params": {}}).json()["id"]
+    job_id = client.get(f"/api/sweeps/{sid}/results").json()[0]["job_id"]
+    with session(client.app_ref.state.engine) as db:
+        db.get(Job, job_id).attempts = 2  # as a retry leaves it
+        db.commit()
+    url = f"/api/jobs/{job_id}/artifacts/trace.json"
+    assert client.put(url, content=b"first").json() == {"job_id": job_id, "name": "trace.json", "size": 5,
+                                                        "attempt": 1}
+    assert client.put(url, params={"attempt": 2}, content=b"second!").status_code == 201  # was 409
+    again = client.put(url, params={"attempt": 2}, content=b"x")
+    assert again.status_code == 409 and "from attempt 2" in again.text
+    assert client.get(url).content == b"second!"  # the newest attempt that has it
+    assert client.get(url, params={"attempt": 1}).content == b"first"
+    missing = client.get(f"/api/jobs/{job_id}/artifacts/other.json", params={"attempt": 2})
+    assert missing.status_code == 404 and "from attempt 2" in missing.text
+    assert client.get(url, params={"attempt": 0}).status_code == 422
+
+
 def test_ddp_heads_must_divide_d_model(client):
     r = client.post("/api/sweeps", json={"suite": "ddp", "params": {"d_model": 100, "num_heads": 3}})
     assert r.status_code == 422 and "divisible" in r.text

@@ -88,6 +88,19 @@ def test_retry_requeues_only_failed_cells(stack):
     assert [h["attempt"] for h in job["history"]] == [1, 2]  # the first attempt's result is kept
 
 
+def test_a_retried_jobs_artifacts_are_kept_per_attempt(stack):
+    sweep = stack.submit({"suite": "noop", "params": {"mode": "raise", "artifact": True}})
+    stack.wait(sweep["id"])
+    stack.client.post(f"/api/sweeps/{sweep['id']}/retry")
+    stack.wait(sweep["id"])
+    [row] = stack.results(sweep["id"])
+    assert row["attempts"] == 2 and [a["name"] for a in row["artifacts"]] == ["noop.json"], row
+    url = f"/api/jobs/{row['job_id']}/artifacts/noop.json"
+    first, second = (stack.client.get(url, params={"attempt": n}).json()["at"] for n in (1, 2))
+    assert first < second  # the retry wrote its own file; the first attempt's is still there
+    assert stack.client.get(url).json()["at"] == second  # unnamed: the newest attempt's
+
+
 def queued_messages(stack) -> int:
     """Messages still waiting on the broker for this stack's queue (claimed ones count too)."""
     url = stack.env.get("BENCHLAB_BROKER_URL")

@@ -117,3 +117,12 @@ def test_a_job_message_off_the_contract_is_answered_failed_where_it_names_a_job(
     results = [e for e in sent if isinstance(e, tasks.ResultEvent)]  # the heartbeat's goodbye aside
     assert [(e.job_id, e.attempt, e.state) for e in results] == [(7, 1, "failed"), (8, 3, "failed")]
     assert "does not match the contract" in results[0].error
+
+
+def test_each_attempt_of_a_job_writes_its_artifacts_in_a_folder_of_its_own(tmp_path):
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(data_dir=tmp_path)
+    first, retry = settings.artifact_dir(7, 1), settings.artifact_dir(7, 2)
+    assert first == settings.artifact_root / "job_7"  # where every artifact lived before retries had their own
+    assert retry.parent == first and retry != first and settings.artifact_dir(7, 3) != retry

@@ -12,9 +12,13 @@ real suites do. So a slowdown of known size can be produced on any machine (comp
 
 With `gpus` > 0 the cell asks for that many GPUs (worker/placement.py routes and leases them) and
 reports the CUDA_VISIBLE_DEVICES it ran with and when: placement can be checked without a GPU.
+
+With `artifact` it first writes `noop.json` (its params and the time) as an artifact, whatever its
+mode: where a deployment's artifacts go, and a retried job's, can be checked without a GPU.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Literal
@@ -36,6 +40,7 @@ class Params(SuiteParams):
     repeats: int = Field(10, gt=0, le=10_000, description="timed iterations, with work_ms")
     warmup: int = Field(0, ge=0, le=1_000, description="untimed iterations first, with work_ms")
     gpus: int = Field(0, ge=0, le=64, description="GPUs the cell asks for (placement checks)")
+    artifact: bool = Field(False, description="write noop.json as an artifact first (artifact checks)")
 
 
 def timed_work(p: Params) -> dict:
@@ -58,6 +63,8 @@ def timed_work(p: Params) -> dict:
 
 def run(p: Params, ctx) -> dict:
     started = time.time()
+    if p.artifact:
+        ctx.artifact("noop.json").write_text(json.dumps({"params": p.model_dump(), "at": started}))
     if p.sleep_ms:
         time.sleep(p.sleep_ms / 1000)
     if p.mode == "raise":
