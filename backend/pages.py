@@ -33,6 +33,15 @@ from worker.suites import suite_names
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 templates = Jinja2Templates(directory=str(TEMPLATE_DIR))
+
+
+def four_digits(x: float) -> str:
+    """A time for a table: four significant digits, trailing zeros kept so a column reads alike
+    (5.000, 12.30, 0.01234), whole numbers from 1000 up (7420, 12346)."""
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:#.4g}".rstrip(".")  # 999.96 rounds to "1000."
+
+
+templates.env.filters["four_digits"] = four_digits
 DbId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 

@@ -88,3 +88,10 @@ def test_an_untagged_sweeps_commit_is_the_one_its_cells_ran_at(tmp_path):
     [series] = body["series"]
     # the tag wins; untagged, the cells' commit; cells at two commits name none
     assert [p["commit"] for p in series["points"]] == ["tagged", "abc", None]
+
+
+def test_times_in_the_page_tables_keep_four_digits_and_their_trailing_zeros():
+    from backend.pages import four_digits
+
+    assert [four_digits(x) for x in (5.0, 5.128, 12.3, 0.01234, 999.96, 7420.0, 12345.6)] == \
+        ["5.000", "5.128", "12.30", "0.01234", "1000", "7420", "12346"]
