@@ -61,6 +61,8 @@ def test_submit_form_watch_cells_fill_and_read_chart(browser, stack):
     # the latency chart has one line per implementation
     names = page.evaluate("document.getElementById('chart-0').data.map(t => t.name)")
     assert {"impl=naive", "impl=sdpa", "impl=flash_pytorch"} <= set(names)
+    # every cell finished: nothing to retry or cancel, so both actions are greyed out
+    assert page.is_disabled("#retry") and page.is_disabled("#cancel")
     sweep_id = int(page.url.rstrip("/").split("/")[-1])
     page.goto(stack.url + "/")
     assert page.locator(f"a[href='/sweeps/{sweep_id}']").first.is_visible()
@@ -296,3 +298,15 @@ def test_sign_in_with_protected_reads(browser, tmp_path):
         page.close()
     finally:
         s.stop()
+
+
+def test_retry_is_offered_only_where_a_cell_failed(browser, stack):
+    sid = stack.client.post("/api/sweeps", json={"suite": "noop", "params": {"mode": ["raise", "ok"]}}).json()["id"]
+    page = browser.new_page()
+    page.goto(f"{stack.url}/sweeps/{sid}")
+    page.wait_for_selector("#status[data-status=done]", timeout=60000)
+    assert page.is_enabled("#retry") and page.is_disabled("#cancel")
+    page.click("#retry")
+    page.wait_for_selector("#action-msg:not(:empty)")
+    assert '"requeued":1' in page.inner_text("#action-msg").replace(" ", "")
+    page.close()
