@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from worker.contract import FAILED_STATES, MAX_REPEATS, UNFINISHED_STATUSES, RunCell, RunHeader
+from worker.contract import FAILED_STATES, MAX_REPEATS, UNFINISHED_STATUSES, RunCell, RunHeader, queue_problem
 from worker.suites import suite_names
 
 app = typer.Typer(help="benchlab: run and compare GPU benchmarks of attention kernels and data-parallel training.",
@@ -139,11 +139,16 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
     from worker.settings import get_worker_settings
     from worker.tasks import register_tasks, visible_gpus
 
+    asked = [q.strip() for q in queues.split(",") if q.strip()]
+    problems = [queue_problem(q) for q in asked if queue_problem(q)] or ([] if asked else ["give at least one"])
+    if problems:
+        console.print(f"[red]bad input:[/] --queues: {'; '.join(problems)}")
+        raise typer.Exit(2)
     settings = get_worker_settings()
     celery_app = make_celery(settings)
     celery_name = name or f"benchlab@{socket.gethostname()}"
     # each queue, and its GPU queues up to this worker's GPU count (a job asking N GPUs waits on <q>.gpusN)
-    queue_list = worker_queues([q for q in queues.split(",") if q], len(visible_gpus(settings.gpus)))
+    queue_list = worker_queues(asked, len(visible_gpus(settings.gpus)))
     # unique per process: a replacement started under the same name is another worker to the reaper
     state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}:{os.getpid()}",
                            queues=queue_list)

@@ -25,6 +25,7 @@ from worker.contract import (  # noqa: F401 (re-exported)
     UNFINISHED_STATES,
     UNFINISHED_STATUSES,
     GridParams,
+    queue_problem,
     reserved_queue,
 )
 
@@ -76,12 +77,9 @@ class SweepCreate(SweepBase):
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if not re.fullmatch(QUEUE_PATTERN, v):
-            raise ValueError("queue names are 1-100 letters, digits, '_', '.', '-', starting with a letter or digit")
-        if reserved_queue(v):
-            raise ValueError(f"queue {v!r} is reserved for benchlab's own messages")
+        problem = None if v is None else queue_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("tags")

@@ -15,6 +15,7 @@ them into null and the event lists their names in `nonfinite`.
 from __future__ import annotations
 
 import math
+import re
 import time
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
@@ -55,6 +56,16 @@ RESERVED_QUEUE_PREFIXES = ("celery", "benchlab.", "results", "unacked", "_kombu"
 def reserved_queue(name: str) -> bool:
     low = name.lower()
     return any(low == p.rstrip(".") or low.startswith(p) for p in RESERVED_QUEUE_PREFIXES)
+
+
+def queue_problem(name: str) -> str | None:
+    """Why `name` cannot be a job queue (a sweep's, or one a worker consumes), or None when it can. A worker
+    on `results` would take the recorder's messages and drop them as unknown tasks."""
+    if not re.fullmatch(QUEUE_PATTERN, name):
+        return f"{name!r}: queue names are 1-100 letters, digits, '_', '.', '-', starting with a letter or digit"
+    if reserved_queue(name):
+        return f"queue {name!r} is reserved for benchlab's own messages"
+    return None
 
 
 def clean_metrics(metrics: Any, prefix: str = "") -> tuple[Any, list[str]]:

@@ -393,3 +393,12 @@ def test_durations_and_thresholds_out_of_range_are_refused_before_anything_runs(
     p = benchlab(*(str(spec) if a == "SPEC" else a for a in args), env={"BENCHLAB_DATA_DIR": str(tmp_path)})
     assert p.returncode == 2 and f"Invalid value for '{option}'" in p.stderr, p.stderr
     assert "cannot reach" not in p.stderr and "timeout" not in p.stdout  # refused before any request or cell
+
+
+@pytest.mark.parametrize("queues, words", [("results", "queue 'results' is reserved"),
+                                           ("gpu,celery", "queue 'celery' is reserved"),
+                                           ("a b", "'a b': queue names are"), (" , ", "give at least one")])
+def test_a_worker_refuses_queues_it_must_not_consume(tmp_path, queues, words):
+    # a worker on `results` would take the recorder's messages and drop them as unknown tasks
+    p = benchlab("worker", "--queues", queues, env={"BENCHLAB_DATA_DIR": str(tmp_path)}, timeout=60)
+    assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
