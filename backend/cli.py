@@ -95,7 +95,7 @@ def _serve_api(host: str | None, port: int | None) -> None:
 
 @app.command()
 def api(host: Optional[str] = typer.Option(None, help="default: BENCHLAB_HOST or 127.0.0.1"),
-        port: Optional[int] = typer.Option(None, help="default: BENCHLAB_PORT or 8000")) -> None:
+        port: Optional[int] = typer.Option(None, min=1, max=65535, help="default: BENCHLAB_PORT or 8000")) -> None:
     """Start the API, the pages and the recorder (no worker)."""
     _serve_api(host, port)
 
@@ -237,7 +237,7 @@ class _EmbeddedWorker:
 
 
 @app.command()
-def up(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None),
+def up(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Option(None, min=1, max=65535),
        queues: str = typer.Option("default", help="queues the embedded worker consumes")) -> None:
     """API + pages + recorder + one embedded worker, in one command. SIGINT (Ctrl-C), SIGTERM or SIGHUP
     stop all of it within seconds; a worker that dies is restarted."""

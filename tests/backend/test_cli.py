@@ -386,7 +386,8 @@ def test_db_export_of_a_sweep_that_is_not_there_writes_nothing(tmp_path):
     (("submit", "SPEC", "--wait", "--poll-s", "-1", "--server", "http://127.0.0.1:9"), "--poll-s"),
     (("ci", "SPEC", "--timeout-s", "inf", "--server", "http://127.0.0.1:9"), "--timeout-s"),
     (("compare", "1", "2", "--threshold", "1.5", "--server", "http://127.0.0.1:9"), "--threshold"),
-    (("ci", "SPEC", "--threshold", "0", "--server", "http://127.0.0.1:9"), "--threshold")])
+    (("ci", "SPEC", "--threshold", "0", "--server", "http://127.0.0.1:9"), "--threshold"),
+    (("api", "--port", "99999"), "--port"), (("up", "--port", "0"), "--port")])
 def test_durations_and_thresholds_out_of_range_are_refused_before_anything_runs(tmp_path, args, option):
     spec = tmp_path / "s.yaml"
     spec.write_text("suite: noop\nparams: {x: 1}\n")
