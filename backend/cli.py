@@ -539,8 +539,21 @@ def ci(spec: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON 
                 base = find_baseline(listed.json(), body["suite"], body.get("params") or {}, ignored,
                                      baseline_branch)
                 base_id = base["id"] if base else None
-            else:
-                base_id = int(baseline)
+            else:  # a sweep named by id: there, and of this suite, before anything is submitted
+                base_id = int(baseline) if baseline.isdigit() and int(baseline) > 0 else None
+                if base_id is None:
+                    console.print(f"[red]bad input:[/] --baseline is auto or a sweep id, got {baseline!r}")
+                    raise typer.Exit(2)
+                found = client.get(f"/api/sweeps/{base_id}")
+                if found.status_code != 200:
+                    console.print(f"[red]cannot use baseline {base_id} ({found.status_code}):[/] {_refusal(found)}; "
+                                  "nothing was submitted")
+                    raise typer.Exit(2)
+                theirs = found.json().get("suite")
+                if theirs != body.get("suite"):
+                    console.print(f"[red]bad input:[/] baseline {base_id} ran the {theirs} suite and {spec} runs the "
+                                  f"{body.get('suite')} suite; nothing was submitted")
+                    raise typer.Exit(2)
             r = client.post("/api/sweeps", json=body)
             if r.status_code != 201:
                 console.print(f"[red]rejected ({r.status_code}):[/] {_refusal(r)}")

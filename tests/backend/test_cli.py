@@ -280,6 +280,16 @@ def test_ci_judges_a_sweep_against_its_baseline_with_exit_codes(stack, tmp_path)
     assert failing.returncode == 2 and "cannot judge" in failing.stderr
     away = benchlab("ci", spec("a", 20), "--server", stack.url.replace(str(stack.port), "1"), env=env)
     assert away.returncode == 2 and "cannot reach" in away.stderr
+    # a baseline named by id is checked before anything is submitted: there, and of the spec's suite
+    before = len(stack.client.get("/api/sweeps", params={"limit": 1000}).json())
+    other = tmp_path / "attention.yaml"
+    other.write_text(f"suite: attention\nparams: {{impl: naive}}\nqueue: {stack.queue}\n")
+    for args, words in (((spec("a", 20), "--baseline", "999999"), "cannot use baseline 999999 (404)"),
+                        ((spec("a", 20), "--baseline", "latest"), "--baseline is auto or a sweep id"),
+                        ((str(other), "--baseline", str(judged["sweep"])), "ran the noop suite")):
+        p = benchlab("ci", *args, "--server", stack.url, env=env)
+        assert p.returncode == 2 and words in p.stderr, p.stderr
+    assert len(stack.client.get("/api/sweeps", params={"limit": 1000}).json()) == before
 
 
 def test_ci_tags_and_baseline_choice():
