@@ -353,3 +353,15 @@ def test_sweeps_of_two_suites_do_not_compare(client):
     page = client.get("/compare", params={"a": 1, "b": 2}, headers={"accept": "text/html"})
     assert page.status_code == 422 and "only sweeps of one suite compare" in page.text
     assert client.get("/api/compare", params={"a": 1, "b": 1}).status_code == 200
+
+
+
+@pytest.mark.parametrize("suite, field", [("attention", "repeats"), ("attention", "warmup"), ("model", "steps"),
+                                          ("ddp", "steps"), ("allreduce", "repeats"), ("leaderboard", "warmup")])
+def test_a_run_of_more_samples_than_any_interval_needs_is_refused_by_name(client, suite, field):
+    # 10,000 is the most: a billion timed calls would run until the job's timeout and keep a result row
+    # of gigabytes that every comparison resamples
+    r = client.post("/api/sweeps", json={"suite": suite, "params": {field: 10_001}})
+    detail = r.json()["detail"][0] if r.status_code == 422 else {}
+    assert detail.get("loc") == ["body", "params", field] and "less than or equal to 10000" in detail["msg"], r.text
+    assert stored_sweeps(client) == 0

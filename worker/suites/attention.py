@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kernels.names import ATTENTION_IMPLS
-from worker.suites.common import Device, Dtype, NonNegative, Positive, SuiteParams
+from worker.suites.common import Device, Dtype, Positive, Samples, SuiteParams, Untimed
 
 DESCRIPTION = "Attention kernels (naive, SDPA, FlashAttention-2 in PyTorch and Triton): latency, TFLOP/s, memory"
 
@@ -48,8 +48,8 @@ class Params(SuiteParams):
     device: Device = "auto"
     precision: Precision | None = Field(None, description="fp32 only: tf32 (one TF32 pass), tf32x3 (~fp32) or "
                                                           "ieee; unset: the implementation's default")
-    warmup: NonNegative = Field(3, description="untimed calls first")
-    repeats: Positive = Field(10, description="timed calls: the samples of one run (the sweep's own repeats are "
+    warmup: Untimed = Field(3, description="untimed calls first")
+    repeats: Samples = Field(10, description="timed calls: the samples of one run (the sweep's own repeats are "
                                               "runs of each cell)")
 
     @model_validator(mode="after")

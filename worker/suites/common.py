@@ -9,6 +9,11 @@ from kernels.names import DTYPES
 
 Positive = Annotated[int, Field(gt=0)]
 NonNegative = Annotated[int, Field(ge=0)]
+# timed calls or steps of one run, and untimed ones before them: enough for any interval, while a run's
+# raw samples (kept in its result row, resampled by every comparison) stay a few hundred KB
+MAX_SAMPLES = 10_000
+Samples = Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
+Untimed = Annotated[int, Field(ge=0, le=MAX_SAMPLES)]
 Dtype = Literal[tuple(DTYPES)]
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto: cuda when present, else cpu")]
 

@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 from kernels.names import MODEL_ATTENTION_IMPLS, MODEL_SIZES
 from parallel.names import WRAPPER_NAMES
 from worker.harness import HOST_BOUND
-from worker.suites.common import Device, NonNegative, Positive, SuiteParams
+from worker.suites.common import Device, NonNegative, Positive, Samples, SuiteParams, Untimed
 
 DESCRIPTION = "Data-parallel training step: naive/flat/overlapped/bucketed DDP, torch DDP, ZeRO-1, FSDP on N ranks"
 
@@ -55,8 +55,8 @@ class Params(SuiteParams):
     precision: Literal["fp32", "bf16"] = "fp32"
     optimizer: Literal["adamw", "sgd"] = "adamw"
     attention: Literal[MODEL_ATTENTION_IMPLS] = "sdpa"
-    warmup: NonNegative = Field(2, description="untimed steps of each variant")
-    steps: Positive = Field(20, description="timed steps of each variant: the samples of one run")
+    warmup: Untimed = Field(2, description="untimed steps of each variant")
+    steps: Samples = Field(20, description="timed steps of each variant: the samples of one run")
     device: Device = "auto"
     threads_per_rank: NonNegative = Field(0, description="CPU only: torch threads per rank (0: torch's default)")
 

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kernels.names import MODEL_ATTENTION_IMPLS
-from worker.suites.common import Device, NonNegative, Positive, SuiteParams
+from worker.suites.common import Device, NonNegative, Positive, Samples, SuiteParams, Untimed
 
 DESCRIPTION = "CS336 leaderboard: a full training step of the 8B-class model at context 32k on N ranks"
 
@@ -65,8 +65,8 @@ class Params(SuiteParams):
                                                       "backward (0: the whole logits at once, 20 GB in fp32 at "
                                                       "full size)")
     cold_start: bool = Field(True, description="empty Triton and inductor caches in each rank")
-    warmup: NonNegative = Field(1, description="untimed steps first")
-    steps: Positive = Field(5, description="timed steps: the samples of one run")
+    warmup: Untimed = Field(1, description="untimed steps first")
+    steps: Samples = Field(5, description="timed steps: the samples of one run")
     device: Device = "auto"
 
     @model_validator(mode="after")

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from kernels.names import MODEL_ATTENTION_IMPLS, MODEL_SIZES
 from kernels.names import autocast_dtype as autocast_dtype_of
-from worker.suites.common import Device, NonNegative, Positive, SuiteParams
+from worker.suites.common import Device, Positive, Samples, SuiteParams, Untimed
 
 DESCRIPTION = "CS336 Transformer LM: forward / backward / training step across sizes, precision, compile, checkpointing"
 
@@ -41,8 +41,8 @@ class Params(SuiteParams):
     checkpointing: str = Field("none", pattern=r"^(none|block|nested|every_[1-9][0-9]*)$")
     optimizer: Literal["course", "torch", "torch_fused", "sgd"] = "course"
     scope: Scope = "step"
-    warmup: NonNegative = Field(3, description="untimed steps first; 0 shows first-call costs")
-    steps: Positive = Field(10, description="timed steps: the samples of one run")
+    warmup: Untimed = Field(3, description="untimed steps first; 0 shows first-call costs")
+    steps: Samples = Field(10, description="timed steps: the samples of one run")
     device: Device = "auto"
     profile: bool = Field(False, description="write a profiler trace, kernel summary and memory snapshot")
     memory_detail: bool = Field(False, description="count saved-for-backward bytes per block")

@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from worker.suites.common import SuiteParams
+from worker.suites.common import Samples, SuiteParams
 
 DESCRIPTION = "Does nothing (or fails on purpose): measures scheduling overhead and exercises failure handling"
 
@@ -37,7 +37,7 @@ class Params(SuiteParams):
     work_ms: float = Field(0.0, ge=0, le=60_000, description="duration of each timed iteration (0: no timing)")
     noise: float = Field(0.0, ge=0, le=1, description="relative spread of that duration (normal, seeded)")
     seed: int = Field(0, description="seeds the noise")
-    repeats: int = Field(10, gt=0, le=10_000, description="timed iterations, with work_ms")
+    repeats: Samples = Field(10, description="timed iterations, with work_ms")
     warmup: int = Field(0, ge=0, le=1_000, description="untimed iterations first, with work_ms")
     gpus: int = Field(0, ge=0, le=64, description="GPUs the cell asks for (placement checks)")
     artifact: bool = Field(False, description="write noop.json as an artifact first (artifact checks)")
