@@ -212,6 +212,10 @@ def resolve_rank_device(device: str, world_size: int) -> str:
     device = device.split(":")[0]
     if device == "cuda" and gpus < world_size:
         raise SkipCell(f"world_size {world_size} needs {world_size} GPUs; {gpus} visible")
+    cores = max(2, len(os.sched_getaffinity(0)))  # two ranks always: the CPU tests' and the course's setup
+    if device == "cpu" and world_size > cores:
+        raise SkipCell(f"world_size {world_size} on CPU is a process per rank, and this host gives the worker "
+                       f"{cores} CPUs (at most one rank each)")
     return device
 
 

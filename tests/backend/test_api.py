@@ -365,3 +365,12 @@ def test_a_run_of_more_samples_than_any_interval_needs_is_refused_by_name(client
     detail = r.json()["detail"][0] if r.status_code == 422 else {}
     assert detail.get("loc") == ["body", "params", field] and "less than or equal to 10000" in detail["msg"], r.text
     assert stored_sweeps(client) == 0
+
+
+
+@pytest.mark.parametrize("suite", ["ddp", "allreduce", "leaderboard"])
+def test_more_ranks_than_any_host_holds_are_refused_by_name(client, suite):
+    # every rank is a process on the worker's host: 100,000 of them would take the host down
+    r = client.post("/api/sweeps", json={"suite": suite, "params": {"world_size": 100_000, "device": "cpu"}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "params", "world_size"], r.text
+    assert stored_sweeps(client) == 0

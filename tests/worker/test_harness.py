@@ -83,3 +83,14 @@ def test_fingerprint_prefers_the_given_commit_over_git():
         pytest.skip("not a git checkout")
     # without one, git's answer (asked here independently), marked -dirty when the tree has changes
     assert fingerprint(None)["git_commit"].removesuffix("-dirty") == head.stdout.strip()
+
+
+def test_cpu_ranks_are_at_most_one_per_cpu_of_the_worker_but_two_always_run():
+    import os
+
+    from worker.harness import SkipCell, resolve_rank_device
+
+    cpus = max(2, len(os.sched_getaffinity(0)))
+    assert resolve_rank_device("cpu", 2) == "cpu" and resolve_rank_device("cpu", cpus) == "cpu"
+    with pytest.raises(SkipCell, match=f"this host gives the worker {cpus} CPUs"):
+        resolve_rank_device("cpu", cpus + 1)

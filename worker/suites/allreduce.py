@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from worker.suites.common import Device, Dtype, Positive, Samples, SuiteParams, Untimed
+from worker.suites.common import Device, Dtype, Samples, SuiteParams, Untimed, WorldSize
 
 DESCRIPTION = "All-reduce latency, algorithm and bus bandwidth vs message size and world size (NCCL or gloo)"
 
 
 class Params(SuiteParams):
     size_mb: float = Field(16.0, gt=0, le=16_384)
-    world_size: Positive = 2
+    world_size: WorldSize = 2
     dtype: Dtype = "fp32"
     warmup: Untimed = Field(5, description="untimed all-reduces first")
     repeats: Samples = Field(20, description="timed all-reduces: the samples of one run")

@@ -14,6 +14,10 @@ NonNegative = Annotated[int, Field(ge=0)]
 MAX_SAMPLES = 10_000
 Samples = Annotated[int, Field(gt=0, le=MAX_SAMPLES)]
 Untimed = Annotated[int, Field(ge=0, le=MAX_SAMPLES)]
+# ranks of a multi-rank cell, all on the worker's host (one process each): more GPUs than a host has;
+# on CPU a host takes at most one rank per core (worker.harness.resolve_rank_device)
+MAX_WORLD_SIZE = 64
+WorldSize = Annotated[int, Field(gt=0, le=MAX_WORLD_SIZE, description="ranks, one process each, on one host")]
 Dtype = Literal[tuple(DTYPES)]
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto: cuda when present, else cpu")]
 

@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 from kernels.names import MODEL_ATTENTION_IMPLS, MODEL_SIZES
 from parallel.names import WRAPPER_NAMES
 from worker.harness import HOST_BOUND
-from worker.suites.common import Device, NonNegative, Positive, Samples, SuiteParams, Untimed
+from worker.suites.common import Device, NonNegative, Positive, Samples, SuiteParams, Untimed, WorldSize
 
 DESCRIPTION = "Data-parallel training step: naive/flat/overlapped/bucketed DDP, torch DDP, ZeRO-1, FSDP on N ranks"
 
@@ -41,7 +41,7 @@ DEFAULT_BATCH = {"cpu": 2, "cuda": 4}
 class Params(SuiteParams):
     wrapper: Literal[WRAPPER_NAMES] = "bucketed"
     bucket_size_mb: float = Field(25.0, gt=0, le=10_000, description="bucketed, torch_ddp and zero1")
-    world_size: Positive = 2
+    world_size: WorldSize = 2
     size: Literal[("auto", *MODEL_SIZES, "custom")] = Field(
         "auto", description=f"auto: {GPU_SIZE} on GPUs; on CPU the custom dims (default "
                             f"d_model {CPU_DIMS['d_model']}, {CPU_DIMS['num_layers']} layers)")

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kernels.names import MODEL_ATTENTION_IMPLS
-from worker.suites.common import Device, NonNegative, Positive, Samples, SuiteParams, Untimed
+from worker.suites.common import Device, NonNegative, Positive, Samples, SuiteParams, Untimed, WorldSize
 
 DESCRIPTION = "CS336 leaderboard: a full training step of the 8B-class model at context 32k on N ranks"
 
@@ -42,7 +42,7 @@ REFERENCE_PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "B200": 2250.0, "A100": 3
 
 class Params(SuiteParams):
     sharding: Literal["fsdp", "zero1", "none"] = "fsdp"
-    world_size: Positive = 2
+    world_size: WorldSize = 2
     scale: float = Field(1.0, gt=0, le=1, description="factor on layers and context: 1 is the course's model")
     d_model: Positive | None = Field(None, description="default: the course's 4096 (toy runs shrink it)")
     d_ff: Positive | None = Field(None, description="default: 11008")
