@@ -75,6 +75,9 @@ def expand_grid(suite: str, params: dict[str, Any] | list[dict[str, Any]], max_c
                                                          f"known: {', '.join(sorted(public))}"))
         elif isinstance(value, list) and not value:
             errors.append(_err(["body", "params", name], "empty grid axis: give at least one value"))
+        elif isinstance(value, list) and len({json.dumps(v, sort_keys=True) for v in value}) < len(value):
+            errors.append(_err(["body", "params", name], f"grid axis {name!r} lists a value more than once: give "
+                                                         "each once, and `repeats` to run every cell several times"))
     if errors:
         raise SweepInputError(errors)
     size = grid_size(params)
@@ -99,4 +102,8 @@ def expand_grid(suite: str, params: dict[str, Any] | list[dict[str, Any]], max_c
                 break
     if seen_errors:
         raise SweepInputError(list(seen_errors.values()))
+    keys = [json.dumps(c, sort_keys=True) for c in cells]
+    if len(set(keys)) < len(keys):  # e.g. bucket_size_mb [1, 1.0]: two spellings of one value
+        raise SweepInputError([_err(["body", "params"], "the grid holds a cell more than once: an axis lists one "
+                                                        "value twice, written two ways (such as 1 and 1.0)")])
     return cells

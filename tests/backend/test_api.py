@@ -117,6 +117,8 @@ def test_list_is_newest_first(client):
     ({"suite": "model", "params": {"size": "custom", "d_model": 64}}, "size=custom"),
     ({"suite": "noop", "params": {}, "repeats": 0}, "repeats"),
     ({"params": {}}, "suite"),
+    ({"suite": "noop", "params": {"x": [1, 2, 1]}}, "grid axis 'x' lists a value more than once"),
+    ({"suite": "ddp", "params": {"bucket_size_mb": [1, 1.0]}}, "written two ways"),
 ])
 def test_bad_input_is_named_and_changes_nothing(client, body, field):
     r = client.post("/api/sweeps", json=body)
