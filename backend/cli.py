@@ -875,12 +875,17 @@ def db_import(in_path: Path = typer.Argument(..., exists=True, dir_okay=False)) 
 
 def main() -> None:
     """The `benchlab` command: the app, with a bad BENCHLAB_* setting named in one line per setting, and a
-    database it cannot load or reach in one line (exit 2), instead of a traceback."""
+    database it cannot load, reach or use as it is in one line (exit 2), instead of a traceback."""
     from pydantic import ValidationError
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
+    from backend.db import SchemaError
+
     try:
         app()
+    except SchemaError as exc:  # older with automatic migration off, or written by a newer benchlab
+        console.print(f"[red]database schema:[/] {exc}")
+        raise SystemExit(2) from None
     except (ArgumentError, NoSuchModuleError, OperationalError) as exc:  # a URL it cannot use, a server down
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         console.print(f"[red]database error[/] (BENCHLAB_DATABASE_URL): {first}")

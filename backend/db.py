@@ -28,8 +28,25 @@ PRE_MIGRATION_REVISION = "0001"  # the schema of databases created with create_a
 _PG_MIGRATION_LOCK = 0x62656E63  # advisory lock: two API processes starting at once migrate one at a time
 
 
-class SchemaOutOfDate(RuntimeError):
+class SchemaError(RuntimeError):
+    """The database's schema is not one this code can use as it is."""
+
+
+class SchemaOutOfDate(SchemaError):
     """The database's schema is older than this code and automatic migration is off."""
+
+
+class SchemaUnknown(SchemaError):
+    """The database is at a revision this code does not know: a newer benchlab wrote it."""
+
+
+def _known(current: str | None) -> None:
+    """SchemaUnknown unless `current` (a database's revision) is empty or one of this code's migrations."""
+    known = {rev.revision for rev in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}
+    if current is not None and current not in known:
+        raise SchemaUnknown(f"the database is at schema revision {current}, which this benchlab does not know "
+                            f"(its newest is {head_revision()}): a newer benchlab wrote it. Run that version, or "
+                            f"point BENCHLAB_DATABASE_URL / BENCHLAB_DATA_DIR at another database; nothing was changed")
 
 
 def normalize_url(url: str) -> str:
@@ -98,6 +115,7 @@ def migrate(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
         cfg = _config(conn)
         before = MigrationContext.configure(conn).get_current_revision()
+        _known(before)
         if before is None and inspect(conn).has_table("sweep"):
             command.stamp(cfg, PRE_MIGRATION_REVISION)
             before = PRE_MIGRATION_REVISION
@@ -111,6 +129,7 @@ def prepare_schema(engine: Engine, auto_migrate: bool) -> None:
     current, head = schema_status(engine)
     if current == head:
         return
+    _known(current)
     if auto_migrate or current is None:  # an empty database is always created
         migrate(engine)
         return

@@ -144,3 +144,32 @@ def test_db_cli_upgrades_and_reports(tmp_path):
     with make_engine(BackendSettings(data_dir=tmp_path)).connect() as conn:
         assert inspect(conn).has_table("dead_letter")
         assert conn.execute(text("SELECT count(*) FROM job")).scalar() == 12
+
+
+def test_a_database_a_newer_benchlab_wrote_is_named_and_left_alone(tmp_path):
+    import os
+    import sys
+
+    engine = make_engine(BackendSettings(data_dir=tmp_path))
+    migrate(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    env = {**os.environ, "BENCHLAB_DATA_DIR": str(tmp_path)}
+    for args, extra in ((("db", "upgrade"), {}), (("api",), {}), (("api",), {"BENCHLAB_AUTO_MIGRATE": "false"})):
+        p = subprocess.run([sys.executable, "-m", "backend.cli", *args], env={**env, **extra}, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2, p.stderr[-2000:]
+        assert "schema revision 0099, which this benchlab does not know" in p.stderr and "Traceback" not in p.stderr
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0099"
+
+
+def test_an_old_database_with_automatic_migration_off_says_what_to_run_in_one_line(fixture_db):
+    import os
+    import sys
+
+    env = {**os.environ, "BENCHLAB_DATA_DIR": str(fixture_db.data_dir), "BENCHLAB_AUTO_MIGRATE": "false",
+           **({"BENCHLAB_DATABASE_URL": fixture_db.database_url} if fixture_db.database_url else {})}
+    p = subprocess.run([sys.executable, "-m", "backend.cli", "api"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "run `benchlab db upgrade`" in p.stderr and "Traceback" not in p.stderr, p.stderr
