@@ -13,7 +13,8 @@ positive finite ones):
 - a verdict against a relative threshold t (default 5 %):
   `slower` when the whole interval lies above 1 + t, `faster` when it lies below 1 - t,
   `same` when it lies inside [1 - t, 1 + t], `inconclusive` otherwise (or without samples, or
-  when the two cells ran on different environments and the caller did not allow it).
+  when the two cells ran on different environments and the caller did not allow it, or when a side
+  was host-bound and the interval could only resample samples, not runs).
 """
 from __future__ import annotations
 
@@ -48,17 +49,49 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         c = out.setdefault(_key(r["params"], ignore), {"params": r["params"], "samples": [], "states": [],
-                                                       "env_ids": set(), "medians": [], "groups": []})
+                                                       "env_ids": set(), "medians": [], "groups": [],
+                                                       "host_bound": []})
         c["states"].append(r["state"])
         metrics = r["metrics"] or {}
         run = timings(metrics.get("samples_ms"))
         c["samples"] += run
         if run:
             c["groups"].append(run)
+            c["host_bound"].append(metrics.get("host_bound") is True)
         if positive(metrics.get("median_ms")) is not None:
             c["medians"].append(positive(metrics["median_ms"]))
         if r.get("env_id"):
             c["env_ids"].add(r["env_id"])
+    return out
+
+
+def _host_bound(cell: dict[str, Any]) -> bool:
+    """At least half of a cell's timed runs were host-bound (the suite's GPU-busy test, metrics.host_bound):
+    pooled, their samples judge the host's drift as if it were the code's. On an H200, 4 of 20 A/A pairs
+    of such a cell read `slower` (docs/results/h200/gating/README.md); judged over runs, none did."""
+    flags = cell["host_bound"]
+    return bool(flags) and 2 * sum(flags) >= len(flags)
+
+
+def judge(a: dict[str, Any], b: dict[str, Any], threshold: float, resamples: int = 2000,
+          seed: int = 0) -> dict[str, Any]:
+    """Cell B against cell A (cells_by_params entries, both with samples): the ratio of medians with its
+    interval (over runs when both hold MIN_RUNS_FOR_GROUPED or more, else over samples), the p-value and
+    the verdict, `inconclusive` with the reason where a host-bound side could only be judged over samples.
+    The comparison of two sweeps and a cell's history judge with it."""
+    if len(a["groups"]) >= MIN_RUNS_FOR_GROUPED and len(b["groups"]) >= MIN_RUNS_FOR_GROUPED:
+        ratio, lo, hi = grouped_ratio_interval(a["groups"], b["groups"], resamples, seed)
+        over = "runs"
+    else:
+        ratio, lo, hi = ratio_interval(a["samples"], b["samples"], resamples, seed)
+        over = "samples"
+    out = {"ratio": ratio, "ci_low": lo, "ci_high": hi, "p_value": mann_whitney_p(a["samples"], b["samples"]),
+           "verdict": verdict(lo, hi, threshold), "reason": None, "interval_over": over}
+    bound = [side for side, c in (("A", a), ("B", b)) if _host_bound(c)]
+    if bound and over == "samples":
+        out.update(verdict="inconclusive", reason=(
+            f"host-bound on side {' and '.join(bound)}: its time is the host's, which drifts between runs "
+            f"more than within one; judge it with {MIN_RUNS_FOR_GROUPED} or more runs a side (repeats)"))
     return out
 
 
@@ -93,14 +126,7 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], envs: di
             cell["reason"] = "no timing samples on " + ("both sides" if not a["samples"] and not b["samples"]
                                                         else "side A" if not a["samples"] else "side B")
         else:
-            if len(a["groups"]) >= MIN_RUNS_FOR_GROUPED and len(b["groups"]) >= MIN_RUNS_FOR_GROUPED:
-                ratio, lo, hi = grouped_ratio_interval(a["groups"], b["groups"], resamples, seed)
-                cell["interval_over"] = "runs"
-            else:
-                ratio, lo, hi = ratio_interval(a["samples"], b["samples"], resamples, seed)
-                cell["interval_over"] = "samples"
-            cell.update(ratio=ratio, ci_low=lo, ci_high=hi, p_value=mann_whitney_p(a["samples"], b["samples"]),
-                        verdict=verdict(lo, hi, threshold))
+            cell.update(judge(a, b, threshold, resamples, seed))
             if env_differs and not allow_env_mismatch:
                 cell["verdict"], cell["reason"] = "inconclusive", "the two sides ran on different environments"
         cells.append(cell)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backend.compare import cells_by_params, verdict
-from worker.stats import median_interval, ratio_interval
+from backend.compare import cells_by_params, judge
+from worker.stats import median_interval
 
 
 def matches(params: dict[str, Any], want: dict[str, Any]) -> bool:
@@ -33,13 +33,14 @@ def history(sweeps: list[tuple[dict[str, Any], list[dict[str, Any]]]], want: dic
             commit = tags.get("commit") or summary.get("ran_at_commit")  # the tag, else the cells' fingerprint
             point = {"sweep_id": summary["id"], "created_at": summary["created_at"], "commit": commit,
                      "branch": tags.get("branch"), "median_ms": med, "ci_low": lo, "ci_high": hi,
-                     "n": len(cell["samples"]), "ratio": None, "verdict": None, "regression": False}
-            if s["_last"] is not None:
-                ratio, rlo, rhi = ratio_interval(s["_last"], cell["samples"], seed=seed)
-                v = verdict(rlo, rhi, threshold)
-                point.update(ratio=ratio, verdict=v, regression=v == "slower")
+                     "n": len(cell["samples"]), "ratio": None, "verdict": None, "reason": None,
+                     "regression": False}
+            if s["_last"] is not None:  # judged as a comparison of the two sweeps judges the cell
+                j = judge(s["_last"], cell, threshold, seed=seed)
+                point.update(ratio=j["ratio"], verdict=j["verdict"], reason=j["reason"],
+                             regression=j["verdict"] == "slower")
             s["points"].append(point)
-            s["_last"] = cell["samples"]
+            s["_last"] = cell
     out = []
     for s in series.values():
         s.pop("_last")

@@ -29,6 +29,7 @@ class HistoryPoint(SQLModel):
     n: int
     ratio: float | None
     verdict: str | None
+    reason: str | None = None
     regression: bool
 
 

@@ -137,3 +137,23 @@ def test_cells_whose_stored_samples_are_not_all_usable_times_compare_on_the_rest
     for junk in (3.0, "fast", {"a": 1}, True, [None, None]):
         cell = compare(rows(junk, median="fast"), rows(good), {})["cells"][0]
         assert cell["verdict"] == "inconclusive" and cell["reason"] == "no timing samples on side A", junk
+
+
+def test_a_host_bound_cell_is_judged_only_over_runs():
+    rng = np.random.default_rng(4)
+
+    def rows(median, runs, bound):
+        return [{"params": {"x": 1}, "state": "done", "env_id": None,
+                 "metrics": {"samples_ms": list(rng.normal(median, 0.05, 20)), "host_bound": b}}
+                for b in bound[:runs]]
+
+    # one run a side, B clearly slower: pooled samples cannot tell the host's drift from the code's
+    cell = compare(rows(10, 1, [False]), rows(13, 1, [True]), {})["cells"][0]
+    assert cell["verdict"] == "inconclusive" and "host-bound on side B" in cell["reason"]
+    assert cell["ratio"] > 1.25  # the figures are still there
+    # three runs a side: the interval resamples runs, and the verdict stands
+    cell = compare(rows(10, 3, [True] * 3), rows(13, 3, [True] * 3), {})["cells"][0]
+    assert cell["interval_over"] == "runs" and cell["verdict"] == "slower"
+    # host-bound in fewer than half of its runs: judged as before
+    cell = compare(rows(10, 2, [False, False]), rows(13, 3, [True, False, False]), {})["cells"][0]
+    assert cell["verdict"] == "slower" and cell["reason"] is None

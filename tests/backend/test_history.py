@@ -95,3 +95,21 @@ def test_times_in_the_page_tables_keep_four_digits_and_their_trailing_zeros():
 
     assert [four_digits(x) for x in (5.0, 5.128, 12.3, 0.01234, 999.96, 7420.0, 12345.6)] == \
         ["5.000", "5.128", "12.30", "0.01234", "1000", "7420", "12346"]
+
+
+def test_history_judges_each_point_as_compare_does_a_host_bound_one_only_over_runs():
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+
+    def sweep(sid, median, runs, bound):
+        rows = [{"params": {"impl": "a"}, "state": "done", "env_id": None,
+                 "metrics": {"samples_ms": list(rng.normal(median, 0.05, 20)), "host_bound": bound}}
+                for _ in range(runs)]
+        return {"id": sid, "created_at": float(sid), "tags": {}}, rows
+
+    [s] = history([sweep(1, 10, 1, True), sweep(2, 13, 1, True)], {"impl": "a"})
+    assert s["points"][1]["verdict"] == "inconclusive" and "host-bound" in s["points"][1]["reason"]
+    assert s["points"][1]["regression"] is False  # no false alarm from the host's drift
+    [s] = history([sweep(1, 10, 3, True), sweep(2, 13, 3, True)], {"impl": "a"})
+    assert s["points"][1]["verdict"] == "slower" and s["points"][1]["regression"] is True
