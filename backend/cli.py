@@ -75,6 +75,25 @@ def parse_param(text: str) -> tuple[str, Any]:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def _check_address(host: str, port: int) -> None:
+    """Exit 2 with a line naming the address when it cannot be listened on (taken, or no such host),
+    before anything starts: `up` would otherwise start its worker and print the dashboard's address."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        console.print(f"[red]cannot listen on {host}:{port}:[/] {exc}")
+        raise typer.Exit(2) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            console.print(f"[red]cannot listen on {host}:{port}:[/] {exc.strerror} (BENCHLAB_HOST / BENCHLAB_PORT, "
+                          "--host / --port)")
+            raise typer.Exit(2) from None
+
+
 def _serve_api(host: str | None, port: int | None) -> None:
     """Run the API until SIGTERM, SIGINT or SIGHUP; return (rather than die) so callers clean up."""
     import uvicorn
@@ -83,6 +102,7 @@ def _serve_api(host: str | None, port: int | None) -> None:
     from backend.settings import get_settings
 
     settings = get_settings()
+    _check_address(host or settings.host, port or settings.port)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host=host or settings.host,
                                            port=port or settings.port, log_level="warning"))
     # uvicorn handles SIGINT and SIGTERM itself and re-raises them after its shutdown: turn that
@@ -244,6 +264,7 @@ def up(host: Optional[str] = typer.Option(None), port: Optional[int] = typer.Opt
     from backend.settings import get_settings
 
     settings = get_settings()
+    _check_address(host or settings.host, port or settings.port)
     embedded = _EmbeddedWorker(queues).start()
     console.print(f"[bold]benchlab[/] dashboard on http://{host or settings.host}:{port or settings.port}  "
                   f"(data in {settings.resolved_data_dir}, worker pid {embedded.proc.pid})")

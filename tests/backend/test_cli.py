@@ -413,3 +413,18 @@ def test_a_worker_refuses_queues_it_must_not_consume(tmp_path, queues, words):
     # a worker on `results` would take the recorder's messages and drop them as unknown tasks
     p = benchlab("worker", "--queues", queues, env={"BENCHLAB_DATA_DIR": str(tmp_path)}, timeout=60)
     assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+def test_up_and_api_name_an_address_in_use_before_starting_anything(tmp_path):
+    import socket
+
+    from tests.stack import free_port
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        for command in ("up", "api"):
+            p = benchlab(command, "--port", str(port), env={"BENCHLAB_DATA_DIR": str(tmp_path)}, timeout=60)
+            assert p.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in p.stderr, p.stderr[-2000:]
+            assert "dashboard on" not in p.stderr  # `up` started no worker and promised no dashboard
