@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from sqlmodel import Session, select
 
-from backend.models import JOB_STATES, Environment, Job, Result, Sweep, SweepCreate, no_surrogates
+from backend.models import JOB_STATES, Environment, Job, Result, Sweep, SweepCreate, first_error, no_surrogates
 from backend.service import SAFE_ARTIFACT_NAME
 from worker.contract import MAX_INDEX, FinalState, clean_metrics
 
@@ -165,9 +165,7 @@ def _checked(n: int, line: Any) -> BaseModel:
     try:
         return _LINES[line["kind"]].model_validate(line)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(map(str, first["loc"])) or "the row"
-        raise ValueError(f"line {n} ({line['kind']}): {where}: {first['msg']}") from None
+        raise ValueError(f"line {n} ({line['kind']}): {first_error(exc)}") from None
 
 
 def _set(row: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:

@@ -160,7 +160,7 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
     from worker.tasks import register_tasks, visible_gpus
 
     asked = [q.strip() for q in queues.split(",") if q.strip()]
-    problems = [queue_problem(q) for q in asked if queue_problem(q)] or ([] if asked else ["give at least one"])
+    problems = [p for p in map(queue_problem, asked) if p] or ([] if asked else ["give at least one"])
     if problems:
         console.print(f"[red]bad input:[/] --queues: {'; '.join(problems)}")
         raise typer.Exit(2)

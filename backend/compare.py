@@ -58,8 +58,8 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
         if run:
             c["groups"].append(run)
             c["host_bound"].append(metrics.get("host_bound") is True)
-        if positive(metrics.get("median_ms")) is not None:
-            c["medians"].append(positive(metrics["median_ms"]))
+        if (median := positive(metrics.get("median_ms"))) is not None:
+            c["medians"].append(median)
         if r.get("env_id"):
             c["env_ids"].add(r["env_id"])
     return out

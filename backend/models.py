@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import field_validator
+from pydantic import ValidationError, field_validator
 from sqlalchemy import JSON, Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -47,6 +47,12 @@ def no_surrogates(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for v in value:
             no_surrogates(v, where)
+
+
+def first_error(exc: ValidationError) -> str:
+    """A validation error's first problem as `field.path: message` (the imports' words for a bad line)."""
+    first = exc.errors(include_url=False)[0]
+    return f"{'.'.join(map(str, first['loc'])) or 'the row'}: {first['msg']}"
 
 
 # -- sweeps ------------------------------------------------------------------------------------------

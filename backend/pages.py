@@ -180,10 +180,8 @@ def planner_page(request: Request, db: SessionDep):
     The fields are checked as /api/plan checks them (PlanQuery)."""
     fields = dict(request.query_params)
     result = make_plan(db, PlanQuery.from_form(fields))
-    form = {name: fields.get(name, "" if PlanQuery.model_fields[name].default is None
-                             else str(PlanQuery.model_fields[name].default))
-            for name in ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "seq_len", "batch",
-                         "devices", "memory_gb", "tflops", "bandwidth_gbps")}
+    form = {name: fields.get(name, "" if f.default is None else str(f.default))
+            for name, f in PlanQuery.model_fields.items() if f.annotation is not bool}  # the text fields
     return _render(request, "planner.html", {"result": result, "form": form, "figure": planner_figure(result)})
 
 

@@ -30,6 +30,7 @@ from backend.models import (
     Sweep,
     SweepCreate,
     WorkerRow,
+    first_error,
     no_surrogates,
 )
 from backend.settings import BackendSettings
@@ -44,6 +45,7 @@ from worker.contract import (
     parse_event,
 )
 from worker.placement import gpus_asked, route
+from worker.settings import artifact_dir
 
 SAFE_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
@@ -508,8 +510,7 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
         SweepCreate.model_validate({"suite": header.suite, "name": name or header.name, "params": header.params,
                                     "tags": header.tags, "repeats": header.repeats})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise ValueError(first_error(exc)) from None
     if header.suite not in suite_names():
         raise ValueError(f"unknown suite {header.suite!r} in the header; known: {', '.join(suite_names())}")
     if header.uid is not None:
@@ -531,7 +532,7 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
         artifacts = []
         if c.artifact_dir and source_dir is not None and artifact_root is not None:
             try:
-                artifacts = _copy_artifacts(source_dir, c.artifact_dir, artifact_root / f"job_{job.id}")
+                artifacts = _copy_artifacts(source_dir, c.artifact_dir, artifact_dir(artifact_root, job.id))
             except ValueError:
                 db.rollback()
                 raise

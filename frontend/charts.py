@@ -102,7 +102,7 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
     fig = make_subplots(rows=nrows, cols=cols, subplot_titles=facet_vals if facets else None,
                         horizontal_spacing=0.08, vertical_spacing=0.12)
     series_vals = sorted({_label(r, series) for r in done + bad}, key=str)
-    colors = {**series_colors(done + bad, series), **(colors or {})}
+    colors = colors or series_colors(done + bad, series)
     shown: set[str] = set()
     for fi, fv in enumerate(facet_vals):
         rr, cc = fi // cols + 1, fi % cols + 1

@@ -9,6 +9,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def artifact_dir(root: Path, job_id: int, attempt: int = 1) -> Path:
+    """Where one attempt of a job keeps its artifacts under `root`: `job_<id>/` for the first, and
+    `job_<id>/attempt_<n>/` for a retry, so a retried job's files never meet the earlier ones'."""
+    folder = root / f"job_{job_id}"
+    return folder if attempt <= 1 else folder / f"attempt_{attempt}"
+
+
 class SharedSettings(BaseSettings):
     """What every process of one deployment agrees on: where its data lives and its API token."""
 
@@ -28,10 +35,8 @@ class SharedSettings(BaseSettings):
         return self.resolved_data_dir / "artifacts"
 
     def artifact_dir(self, job_id: int, attempt: int = 1) -> Path:
-        """Where one attempt of a job keeps its artifacts: `job_<id>/` for the first, and
-        `job_<id>/attempt_<n>/` for a retry, so a retried job's files never meet the earlier ones'."""
-        folder = self.artifact_root / f"job_{job_id}"
-        return folder if attempt <= 1 else folder / f"attempt_{attempt}"
+        """Where one attempt of a job keeps its artifacts (artifact_dir under artifact_root)."""
+        return artifact_dir(self.artifact_root, job_id, attempt)
 
 
 class WorkerSettings(SharedSettings):
