@@ -370,7 +370,8 @@ def _run_locally(suite: str, params, cells: list[dict[str, Any]], name: str | No
 
     settings = get_worker_settings()
     runner = Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
-                    startup_timeout_s=settings.runner_startup_timeout_s)
+                    startup_timeout_s=settings.runner_startup_timeout_s,
+                    memory_limit_gb=settings.runner_memory_gb)
     # with --out, each cell's artifacts (profiler traces, memory snapshots) go beside the file, so
     # `benchlab import` brings them along; without, under the data dir
     run_dir = (out_path.parent / f"{out_path.name}.artifacts" if out_path

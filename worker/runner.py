@@ -111,6 +111,30 @@ def _clean_between_jobs() -> None:
             pass  # a broken CUDA context: the next job in this process will fail and replace it
 
 
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in process group `pgid` (the runner and the ranks it
+    started), from /proc/<pid>/stat: field 5 is the group, field 24 the resident pages. 0 where
+    /proc cannot be read."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # gone since the listing, or not ours to read
+        fields = stat[stat.rfind(b")") + 2:].split()  # after the command name, which may hold spaces
+        if len(fields) > 21 and int(fields[2]) == pgid:  # fields[0] is field 3 (state)
+            total += int(fields[21]) * page
+    return total
+
+
 class RunnerStartError(RuntimeError):
     """The child died or stayed silent before it was ready for a job."""
 
@@ -120,12 +144,19 @@ class Runner:
 
     `startup_timeout_s` bounds the child's start (imports) apart from any job's timeout; `prepare`,
     a picklable callable, runs in the child before it reports ready (tests use it to slow a start).
+
+    `memory_limit_gb`: host memory (resident, the child and every rank it started) a job may hold;
+    it is read every half second, and a job past it is killed and recorded `oom`. Without it a cell
+    sized past the host's RAM meets the kernel's OOM killer, which takes the runner with signal 9.
     """
 
     def __init__(self, max_jobs: int = 100, commit: str | None = None, startup_timeout_s: float = 300.0,
-                 prepare: Callable[[], Any] | None = None):
+                 prepare: Callable[[], Any] | None = None, memory_limit_gb: float | None = None):
         if startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}")
+        if memory_limit_gb is not None and not memory_limit_gb > 0:
+            raise ValueError(f"memory_limit_gb must be > 0, got {memory_limit_gb}")
+        self.memory_limit_gb = memory_limit_gb
         self.max_jobs = max_jobs
         self.commit = commit
         self.startup_timeout_s = startup_timeout_s
@@ -186,7 +217,17 @@ class Runner:
         self._proc.join(1)
         code = self._proc.exitcode
         self.kill()
+        if code == -signal.SIGKILL:
+            return ("signal 9: killed from outside, as the kernel's OOM killer does when host memory runs out; "
+                    "BENCHLAB_RUNNER_MEMORY_GB records such a cell as oom")
         return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+    def _over_memory(self) -> float | None:
+        """The job's resident host memory in GB when it is past memory_limit_gb, else None."""
+        if self.memory_limit_gb is None or self._proc is None:
+            return None
+        held = group_rss_bytes(self._proc.pid) / 1e9
+        return held if held > self.memory_limit_gb else None
 
     def _ensure(self, fresh: bool, devices: str | None = None) -> None:
         alive = self._proc is not None and self._proc.is_alive()
@@ -247,12 +288,20 @@ class Runner:
             self.kill()
             return Outcome("failed", error="runner process was not reachable; it has been replaced")
         self.jobs_run += 1
+        tick = cancelled is not None or self.memory_limit_gb is not None
         while True:
             try:
-                message = self._next_message(deadline, tick=cancelled is not None)
+                message = self._next_message(deadline, tick=tick)
             except (EOFError, OSError):
                 how = self._reap()
                 return Outcome("failed", error=f"runner process died during the job ({how}); it has been replaced",
+                               duration_s=time.monotonic() - t0,
+                               artifacts=list_artifacts(Path(job["artifact_dir"])))
+            held = self._over_memory() if message is None else None
+            if held is not None:
+                self.kill()
+                return Outcome("oom", error=f"the job held {held:.2f} GB of host memory, past the runner's limit of "
+                                            f"{self.memory_limit_gb:g} GB (BENCHLAB_RUNNER_MEMORY_GB); it was killed",
                                duration_s=time.monotonic() - t0,
                                artifacts=list_artifacts(Path(job["artifact_dir"])))
             if message is None and cancelled is not None and time.monotonic() < deadline and cancelled():

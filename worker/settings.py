@@ -61,6 +61,9 @@ class WorkerSettings(SharedSettings):
     runner_max_jobs: int = Field(100, gt=0, description="replace the warm runner process after this many jobs")
     runner_startup_timeout_s: float = Field(300.0, gt=0, description="a runner process not ready (imports done) by "
                                             "then fails the job it was started for; not counted in the job's timeout")
+    runner_memory_gb: float | None = Field(None, gt=0, description="host memory (GB, resident, the runner and "
+                                           "its ranks) a job may hold: past it the job is killed and recorded "
+                                           "`oom`; default: no limit, and the kernel's OOM killer gives `failed`")
     api_url: str | None = Field(None, description="where to upload artifacts when the worker shares no disk with "
                                                   "the API")
     commit: str | None = Field(None, description="git commit to record; wins over git (a copied tree may carry a "

@@ -158,7 +158,8 @@ def register_tasks(app: Celery, settings: WorkerSettings, worker_name: str | Non
     heartbeat = Heartbeat(app, worker, queues or [], settings.heartbeat_s, settings.commit,
                           file=settings.heartbeat_file, gpus=gpus)
     state: dict[str, Any] = {"runner": Runner(max_jobs=settings.runner_max_jobs, commit=settings.commit,
-                                             startup_timeout_s=settings.runner_startup_timeout_s),
+                                             startup_timeout_s=settings.runner_startup_timeout_s,
+                                             memory_limit_gb=settings.runner_memory_gb),
                              "cancel": CancelRegistry(settings), "heartbeat": heartbeat, "worker": worker}
 
     @app.task(name=RUN_JOB_TASK, bind=True, acks_late=True)

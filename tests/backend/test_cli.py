@@ -66,6 +66,16 @@ def test_run_exits_non_zero_when_a_cell_fails(tmp_path):
     assert "failed" in p.stdout
 
 
+def test_run_records_a_cell_past_the_runner_memory_limit_as_oom(tmp_path):
+    out = tmp_path / "r.jsonl"
+    p = benchlab("run", "noop", "-p", "hold_mb=0,1024", "-p", "sleep_ms=10000", "--out", str(out),
+                 env={"BENCHLAB_DATA_DIR": str(tmp_path / "data"), "BENCHLAB_RUNNER_MEMORY_GB": "0.8"})
+    assert p.returncode == 1, p.stderr
+    rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert [r["state"] for r in rows] == ["done", "oom"]
+    assert "past the runner's limit of 0.8 GB (BENCHLAB_RUNNER_MEMORY_GB)" in rows[1]["error"]
+
+
 def test_run_rejects_bad_params_before_running(tmp_path):
     p = benchlab("run", "attention", "-p", "seq_len=-4", env={"BENCHLAB_DATA_DIR": str(tmp_path)})
     assert p.returncode == 2 and "seq_len" in p.stderr

@@ -120,3 +120,39 @@ def test_runner_start_is_bounded(tmp_path):
 def test_startup_timeout_must_be_positive():
     with pytest.raises(ValueError, match="startup_timeout_s"):
         Runner(startup_timeout_s=0)
+
+
+def test_memory_limit_kills_the_job_as_oom_then_replaces(tmp_path):
+    r = Runner(memory_limit_gb=0.8)  # torch's import leaves the runner well under this
+    try:
+        assert r.run(job(tmp_path, hold_mb=16), timeout_s=60).state == "done"
+        pid = r.pid
+        out = within(60, lambda: r.run(job(tmp_path, hold_mb=1024, sleep_ms=60_000), timeout_s=120))
+        assert out.state == "oom" and "past the runner's limit of 0.8 GB" in out.error
+        assert r.pid is None or r.pid != pid
+        assert r.run(job(tmp_path, x=1), timeout_s=60).state == "done"
+    finally:
+        r.stop()
+
+
+def test_memory_limit_counts_every_process_of_the_group():
+    import multiprocessing as mp
+
+    from worker.runner import group_rss_bytes
+
+    group = os.getpgid(os.getpid())
+    child = mp.get_context("spawn").Process(target=time.sleep, args=(30,))
+    child.start()  # a process of this test's group, as a rank is of its runner's
+    try:
+        time.sleep(1.0)  # the child's interpreter starts up
+        with_child = group_rss_bytes(group)
+    finally:
+        child.kill()
+        child.join()
+    assert with_child > group_rss_bytes(group) > 0  # the child's interpreter is megabytes
+    assert group_rss_bytes(-1) == 0  # no such group: nothing counted
+
+
+def test_memory_limit_must_be_positive():
+    with pytest.raises(ValueError, match="memory_limit_gb"):
+        Runner(memory_limit_gb=0)

@@ -13,6 +13,9 @@ real suites do. So a slowdown of known size can be produced on any machine (comp
 With `gpus` > 0 the cell asks for that many GPUs (worker/placement.py routes and leases them) and
 reports the CUDA_VISIBLE_DEVICES it ran with and when: placement can be checked without a GPU.
 
+With `hold_mb` it fills that much host memory before its sleep and holds it until the cell ends:
+a runner's memory limit (BENCHLAB_RUNNER_MEMORY_GB) can be checked without a large cell.
+
 With `artifact` it first writes `noop.json` (its params and the time) as an artifact, whatever its
 mode: where a deployment's artifacts go, and a retried job's, can be checked without a GPU.
 """
@@ -41,6 +44,8 @@ class Params(SuiteParams):
     warmup: int = Field(0, ge=0, le=1_000, description="untimed iterations first, with work_ms")
     gpus: int = Field(0, ge=0, le=64, description="GPUs the cell asks for (placement checks)")
     artifact: bool = Field(False, description="write noop.json as an artifact first (artifact checks)")
+    hold_mb: int = Field(0, ge=0, le=1_048_576, description="host memory (MiB) filled and held through sleep_ms "
+                                                            "(memory-limit checks)")
 
 
 def timed_work(p: Params) -> dict:
@@ -65,8 +70,10 @@ def run(p: Params, ctx) -> dict:
     started = time.time()
     if p.artifact:
         ctx.artifact("noop.json").write_text(json.dumps({"params": p.model_dump(), "at": started}))
+    held = bytearray(b"\x01") * (p.hold_mb << 20)  # written, so every page is resident
     if p.sleep_ms:
         time.sleep(p.sleep_ms / 1000)
+    del held
     if p.mode == "raise":
         raise ValueError(f"noop cell x={p.x} raised on purpose")
     if p.mode == "crash":
