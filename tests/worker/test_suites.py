@@ -33,6 +33,20 @@ def test_model_params_validation():
     assert validate_cell("model", {"size": "xl"}).dims() == (2560, 10240, 32, 32)
 
 
+@pytest.mark.parametrize("suite,params,field", [
+    ("noop", {"x": True}, "x"), ("noop", {"sleep_ms": False}, "sleep_ms"), ("attention", {"seq_len": True}, "seq_len"),
+    ("attention", {"precision": True}, "precision"), ("ddp", {"bucket_size_mb": True}, "bucket_size_mb"),
+])
+def test_true_or_false_is_refused_where_a_number_or_name_is_meant(suite, params, field):
+    with pytest.raises(ValidationError, match=rf"{field}\n.*(true|false) is not"):
+        validate_cell(suite, params)
+
+
+def test_true_or_false_still_sets_a_flag():
+    assert validate_cell("attention", {"causal": False}).causal is False
+    assert validate_cell("noop", {"artifact": True}).artifact is True
+
+
 TINY = dict(world_size=2, d_model=32, num_layers=1, num_heads=2, d_ff=64, vocab_size=128, context_length=16,
             batch=1, device="cpu")
 

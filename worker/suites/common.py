@@ -1,9 +1,10 @@
 """Field types shared by the suites' parameter models (torch-free)."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import typing
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from kernels.names import DTYPES
 
@@ -22,8 +23,27 @@ Dtype = Literal[tuple(DTYPES)]
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto: cuda when present, else cpu")]
 
 
+def admits_bool(annotation: Any) -> bool:
+    """True when a field of this type may hold True/False (bool itself, or a union or Literal with it)."""
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in typing.get_args(annotation))
+    return any(admits_bool(a) for a in typing.get_args(annotation))
+
+
 class SuiteParams(BaseModel):
-    """Base of every suite's params: unknown names are errors, not silently ignored."""
+    """Base of every suite's params: unknown names are errors, not silently ignored, and true/false
+    is refused where a number is meant (pydantic would read true as 1)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and not admits_bool(annotation):
+            wanted = "a number" if annotation in (int, float) else "one of the allowed values"
+            raise ValueError(f"{str(value).lower()} is not {wanted}")
+        return value
 
