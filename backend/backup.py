@@ -4,17 +4,25 @@
     {"kind": "environment", "digest", "data", "created_at"}
     {"kind": "sweep", "uid", "suite", "name", "params", "tags", "repeats", "queue", ...}
     {"kind": "job", "sweep_uid", "cell_index", "repeat_index", "params", "state", ...}
-    {"kind": "result", "sweep_uid", "cell_index", "repeat_index", "attempt", "state", "metrics", ...}
+    {"kind": "result", "sweep_uid", "cell_index", "repeat_index", "attempt", "state", "metrics", ...,
+     "artifact_dir": "backup.jsonl.artifacts/result_7"}   (only where its artifacts were carried)
 
 Rows refer to each other by stable keys (a sweep's uid, a job's cell and repeat, an environment's
 digest), never by database ids, so an export loads into any database. Importing a sweep whose
 uid is present already skips it: importing the same file twice changes nothing.
+
+Artifacts (profiler traces, memory snapshots) travel as files in a folder beside the export file
+(`ArtifactCopy`): each result's own folder, named in its line relative to the file's folder, as a
+`benchlab run --out` file names its cells' folders.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -23,6 +31,7 @@ from sqlmodel import Session, select
 from backend.models import JOB_STATES, Environment, Job, Result, Sweep, SweepCreate, first_error, no_surrogates
 from backend.service import SAFE_ARTIFACT_NAME
 from worker.contract import MAX_INDEX, FinalState, clean_metrics
+from worker.settings import artifact_dir
 
 EXPORT_KIND = "benchlab-export"
 EXPORT_VERSION = 1
@@ -33,7 +42,37 @@ _JOB_FIELDS = ("cell_index", "repeat_index", "params", "state", "attempts", "wor
 _RESULT_FIELDS = ("attempt", "state", "metrics", "nonfinite", "artifacts", "duration_s", "created_at")
 
 
-def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None) -> Iterator[dict[str, Any]]:
+@dataclass(frozen=True)
+class ArtifactCopy:
+    """Artifacts carried with an export: `root` is this database's artifact root (what an export reads,
+    an import fills), `beside` the export file's folder, `folder` the name of theirs in it."""
+
+    root: Path
+    beside: Path
+    folder: str
+
+    @classmethod
+    def for_file(cls, root: Path, path: Path) -> ArtifactCopy:
+        return cls(root, path.parent, f"{path.name}.artifacts")
+
+
+def _copy_named(src: Path, dest: Path, names: Iterable[str]) -> int:
+    """Copy the plain files of `names` that `src` holds into `dest`; how many were copied."""
+    n = 0
+    for name in names:
+        f = src / name
+        if f.is_file() and not f.is_symlink():
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest / name)
+            n += 1
+    return n
+
+
+def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None,
+                 artifacts: ArtifactCopy | None = None) -> Iterator[dict[str, Any]]:
+    """The export's lines. With `artifacts`, each result's files still on disk are copied beside the file
+    and its line names their folder (a file pruned by retention stays listed, and is not carried)."""
+    n_results = 0
     yield {"kind": EXPORT_KIND, "v": EXPORT_VERSION, "schema": schema, "exported_at": time.time()}
     q = select(Sweep).order_by(Sweep.id)
     if sweep_ids:
@@ -58,9 +97,16 @@ def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None) -
             yield {"kind": "job", **key, **{f: getattr(j, f) for f in _JOB_FIELDS},
                    "env_digest": envs[j.env_id].digest if j.env_id else None}
             for r in db.exec(select(Result).where(Result.job_id == j.id).order_by(Result.attempt)).all():
-                yield {"kind": "result", **key, **{f: getattr(r, f) for f in _RESULT_FIELDS},
-                       "nonfinite": r.nonfinite or [], "artifacts": r.artifacts or [], "metrics": r.metrics or {},
-                       "env_digest": envs[r.env_id].digest if r.env_id else None}
+                line = {"kind": "result", **key, **{f: getattr(r, f) for f in _RESULT_FIELDS},
+                        "nonfinite": r.nonfinite or [], "artifacts": r.artifacts or [], "metrics": r.metrics or {},
+                        "env_digest": envs[r.env_id].digest if r.env_id else None}
+                n_results += 1
+                if artifacts is not None and r.artifacts:
+                    rel = f"{artifacts.folder}/result_{n_results}"
+                    names = [a["name"] for a in r.artifacts if SAFE_ARTIFACT_NAME.fullmatch(str(a.get("name", "")))]
+                    if _copy_named(artifact_dir(artifacts.root, j.id, r.attempt), artifacts.beside / rel, names):
+                        line["artifact_dir"] = rel
+                yield line
 
 
 # What an import takes of each row, checked before anything is written: the kinds and bounds the API and
@@ -145,6 +191,7 @@ class ResultLine(BaseModel):
     duration_s: float | None = Time
     created_at: float = Created
     env_digest: str | None = None
+    artifact_dir: str | None = Field(None, min_length=1, max_length=1000)
 
     @model_validator(mode="after")
     def _finite_metrics(self):  # as the recorder stores them: NaN and infinities as null, named
@@ -173,8 +220,23 @@ def _set(row: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:
     return {f: getattr(row, f) for f in fields if f in row.model_fields_set}
 
 
-def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Load an export; returns counts of what was added and skipped. Raises ValueError on a bad file."""
+def _artifact_source(n: int, row: ResultLine, artifacts: ArtifactCopy | None) -> Path | None:
+    """The folder a result line's artifacts are carried in, checked: inside the export file's folder, and
+    there. None where the line names none or the import takes no artifacts."""
+    if row.artifact_dir is None or artifacts is None:
+        return None
+    folder = (artifacts.beside / row.artifact_dir).resolve()
+    if not folder.is_relative_to(artifacts.beside.resolve()):
+        raise ValueError(f"line {n} (result): artifact_dir {row.artifact_dir!r} is outside the export file's folder")
+    if not folder.is_dir():
+        raise ValueError(f"line {n} (result): artifact_dir {row.artifact_dir!r} is missing beside the export file")
+    return folder
+
+
+def import_lines(db: Session, lines: Iterable[dict[str, Any]], artifacts: ArtifactCopy | None = None
+                 ) -> dict[str, int]:
+    """Load an export; returns counts of what was added and skipped. Raises ValueError on a bad file.
+    With `artifacts`, the files carried beside the file go to each imported result's attempt folder."""
     lines = list(lines)
     if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != EXPORT_KIND:
         raise ValueError(f"not a benchlab export: the first line must be {{\"kind\": \"{EXPORT_KIND}\", ...}}")
@@ -184,7 +246,9 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]
     if version > EXPORT_VERSION:
         raise ValueError(f"export version {lines[0].get('v')} is newer than this benchlab's {EXPORT_VERSION}")
     rows = [(n, _checked(n, ln)) for n, ln in enumerate(lines[1:], start=2)]  # all of them, before any write
-    counts = {"sweeps": 0, "jobs": 0, "results": 0, "environments": 0, "sweeps_skipped": 0}
+    sources = {n: _artifact_source(n, row, artifacts) for n, row in rows if isinstance(row, ResultLine)}
+    counts = {"sweeps": 0, "jobs": 0, "results": 0, "environments": 0, "sweeps_skipped": 0, "artifacts": 0}
+    copies: list[tuple[Path, int, int, list[str]]] = []  # made once the rows are committed: ids are final then
     env_ids: dict[str, int] = {}
     sweeps: dict[str, Sweep | None] = {}
     jobs: dict[tuple, Job] = {}
@@ -225,10 +289,14 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]]) -> dict[str, int]
                 db.add(Result(job_id=j.id, env_id=env_ids.get(row.env_digest), **fields,
                               artifacts=[a.model_dump() for a in row.artifacts], **_set(row, ("created_at",))))
                 counts["results"] += 1
+                if sources[n] is not None:
+                    copies.append((sources[n], j.id, row.attempt, [a.name for a in row.artifacts]))
         except KeyError as exc:
             db.rollback()
             raise ValueError(f"line {n}: it names {exc} before the line that defines it") from None
     db.commit()
+    for src, job_id, attempt, names in copies:
+        counts["artifacts"] += _copy_named(src, artifact_dir(artifacts.root, job_id, attempt), names)
     return counts
 
 

@@ -850,15 +850,20 @@ def db_current() -> None:
 
 @db_app.command("export")
 def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to write ('-': standard output)"),
-              sweep: list[int] = typer.Option([], "--sweep", help="only these sweep ids (repeatable)")) -> None:
+              sweep: list[int] = typer.Option([], "--sweep", help="only these sweep ids (repeatable)"),
+              artifacts: bool = typer.Option(True, help="carry the results' artifacts in a folder beside the file, "
+                                                        "FILE.artifacts (not with '-')")) -> None:
     """Write sweeps with their jobs, results and fingerprints as JSON lines (backup, or another server)."""
     from sqlmodel import select
 
-    from backend.backup import dumps_line, export_lines
+    from backend.backup import ArtifactCopy, dumps_line, export_lines
     from backend.db import head_revision
     from backend.models import Sweep
+    from backend.settings import get_settings
 
     n = 0
+    to_stdout = str(out_path) == "-"
+    carry = ArtifactCopy.for_file(get_settings().artifact_root, out_path) if artifacts and not to_stdout else None
     with _database_session() as db:  # the database first: a file is written only once it can be read
         missing = sorted(set(sweep) - set(db.exec(select(Sweep.id).where(Sweep.id.in_(sweep))).all()))
         if missing:
@@ -866,29 +871,37 @@ def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to writ
                           "was written")
             raise typer.Exit(2)
         try:
-            fh = sys.stdout if str(out_path) == "-" else out_path.open("w")
+            fh = sys.stdout if to_stdout else out_path.open("w")
         except OSError as exc:
             console.print(f"[red]cannot write {out_path}:[/] {exc.strerror}")
             raise typer.Exit(2) from None
+        carried = 0
         try:
-            for row in export_lines(db, head_revision(), sweep or None):
+            for row in export_lines(db, head_revision(), sweep or None, carry):
                 fh.write(dumps_line(row) + "\n")
                 n += row["kind"] == "sweep"
+                carried += "artifact_dir" in row
+        except OSError as exc:  # the artifacts' folder beside the file
+            console.print(f"[red]cannot write the artifacts beside {out_path}:[/] {exc}")
+            raise typer.Exit(2) from None
         finally:
             if fh is not sys.stdout:
                 fh.close()
-    console.print(f"exported {n} sweep(s) to {out_path}")
+    where = f"; artifacts of {carried} result(s) in {carry.beside / carry.folder}" if carried else ""
+    console.print(f"exported {n} sweep(s) to {out_path}{where}")
 
 
 @db_app.command("import")
 def db_import(in_path: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
-    """Load a `benchlab db export` file; sweeps already present (same uid) are skipped."""
-    from backend.backup import import_lines
+    """Load a `benchlab db export` file, with the artifacts carried beside it; sweeps already present (same
+    uid) are skipped."""
+    from backend.backup import ArtifactCopy, import_lines
+    from backend.settings import get_settings
 
     lines = _read_json_lines(in_path)
     with _database_session() as db:
         try:
-            counts = import_lines(db, lines)
+            counts = import_lines(db, lines, ArtifactCopy.for_file(get_settings().artifact_root, in_path))
         except ValueError as exc:
             console.print(f"[red]cannot import {in_path}:[/] {exc}")
             raise typer.Exit(2) from None

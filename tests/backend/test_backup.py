@@ -42,7 +42,8 @@ def test_export_then_import_into_another_database_keeps_everything_and_is_idempo
     assert kinds.count("result") == 10 and kinds.count("environment") == 1
     r = benchlab("db", "import", str(out), data_dir=dst)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"sweeps": 4, "jobs": 12, "results": 10, "environments": 1, "sweeps_skipped": 0}
+    assert json.loads(r.stdout) == {"sweeps": 4, "jobs": 12, "results": 10, "environments": 1, "sweeps_skipped": 0,
+                                    "artifacts": 0}
     again = benchlab("db", "import", str(out), data_dir=dst)
     assert json.loads(again.stdout)["sweeps_skipped"] == 4 and json.loads(again.stdout)["jobs"] == 0
     app_a = create_app(BackendSettings(data_dir=src), with_recorder=False)
@@ -148,6 +149,77 @@ def test_an_offline_runs_profiler_artifacts_reach_the_dashboard(tmp_path):
         trace = c.get(f"/api/jobs/{row['job_id']}/artifacts/trace.json")
         assert trace.status_code == 200 and trace.content == (moved / cell["artifact_dir"] / "trace.json").read_bytes()
         assert c.get("/api/health").json()["artifacts_bytes"] > 0
+
+
+def test_a_backup_carries_each_attempts_artifacts_to_the_other_database(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    run = tmp_path / "run" / "r.jsonl"  # two cells that write an artifact, loaded into src as any run is
+    r = benchlab("run", "noop", "-p", "x=1,2", "-p", "artifact=true", "--out", str(run), data_dir=src)
+    assert r.returncode == 0, r.stderr
+    assert benchlab("import", str(run), data_dir=src).returncode == 0
+    from backend.db import make_engine, session
+    from backend.models import Job, Result
+    from worker.settings import artifact_dir
+
+    with session(make_engine(BackendSettings(data_dir=src))) as db:  # a retry of the first job, with its own file
+        first = db.exec(select(Result).order_by(Result.id)).first()
+        db.add(Result(job_id=first.job_id, attempt=2, state="done", metrics={"value": 2.0},
+                      artifacts=[{"name": "retry.txt", "size": 5}]))
+        db.get(Job, first.job_id).attempts = 2
+        db.commit()
+        job_id = first.job_id
+    retry_dir = artifact_dir(src / "artifacts", job_id, 2)
+    retry_dir.mkdir(parents=True)
+    (retry_dir / "retry.txt").write_text("again")
+
+    out = tmp_path / "backup" / "b.jsonl"
+    out.parent.mkdir()
+    r = benchlab("db", "export", str(out), data_dir=src)
+    assert r.returncode == 0 and "artifacts of 3 result(s)" in r.stderr, r.stderr
+    carried = [json.loads(x) for x in out.read_text().splitlines() if '"artifact_dir"' in x]
+    assert [(x["cell_index"], x["attempt"]) for x in carried] == [(0, 1), (0, 2), (1, 1)]
+    assert all(x["artifact_dir"].startswith("b.jsonl.artifacts/") for x in carried)
+
+    moved = tmp_path / "moved"  # the file and its folder travel together
+    shutil.copytree(out.parent, moved)
+    r = benchlab("db", "import", str(moved / "b.jsonl"), data_dir=dst)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["artifacts"] == 3
+    seen = []
+    with TestClient(create_app(BackendSettings(data_dir=src), with_recorder=False)) as a, \
+            TestClient(create_app(BackendSettings(data_dir=dst), with_recorder=False)) as b:
+        ja, jb = ([row["job_id"] for row in c.get(f"/api/sweeps/{c.get('/api/sweeps').json()[0]['id']}/results").json()]
+                  for c in (a, b))
+        for x, y in zip(ja, jb, strict=True):
+            for attempt, name in ((1, "noop.json"), (2, "retry.txt")):
+                got = [c.get(f"/api/jobs/{j}/artifacts/{name}", params={"attempt": attempt})
+                       for c, j in ((a, x), (b, y))]
+                assert got[0].status_code == got[1].status_code
+                if got[0].status_code == 200:
+                    assert got[0].content == got[1].content
+                    seen.append(name)
+    assert sorted(seen) == ["noop.json", "noop.json", "retry.txt"]
+
+    r = benchlab("db", "export", str(tmp_path / "plain.jsonl"), "--no-artifacts", data_dir=src)
+    assert r.returncode == 0 and not (tmp_path / "plain.jsonl.artifacts").exists()
+    assert '"artifact_dir"' not in (tmp_path / "plain.jsonl").read_text()
+
+
+@pytest.mark.parametrize("folder, words", [("../elsewhere", "is outside the export file's folder"),
+                                           ("b.jsonl.artifacts/none", "is missing beside the export file")])
+def test_an_export_naming_an_artifact_folder_it_does_not_carry_is_refused_and_nothing_is_written(
+        db, tmp_path, folder, words):
+    from backend.backup import ArtifactCopy, import_lines
+    from backend.models import Sweep
+
+    (tmp_path / "elsewhere").mkdir()
+    beside = tmp_path / "backup"
+    beside.mkdir()
+    with pytest.raises(ValueError, match=f"line 5 \\(result\\): artifact_dir '{folder}' {words}"):
+        import_lines(db, _export(result={"artifact_dir": folder}),
+                     ArtifactCopy.for_file(tmp_path / "artifacts", beside / "b.jsonl"))
+    db.rollback()
+    assert db.exec(select(Sweep)).all() == [] and not (tmp_path / "artifacts").exists()
 
 
 def test_retention_removes_the_oldest_job_folders_first(tmp_path):
