@@ -18,7 +18,6 @@ Artifacts (profiler traces, memory snapshots) travel as files in a folder beside
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from sqlmodel import Session, select
 
 from backend.models import JOB_STATES, Environment, Job, Result, Sweep, SweepCreate, first_error, no_surrogates
-from backend.service import SAFE_ARTIFACT_NAME
+from backend.service import SAFE_ARTIFACT_NAME, artifact_files, artifact_source, copy_artifacts
 from worker.contract import MAX_INDEX, FinalState, clean_metrics
 from worker.settings import artifact_dir
 
@@ -54,18 +53,6 @@ class ArtifactCopy:
     @classmethod
     def for_file(cls, root: Path, path: Path) -> ArtifactCopy:
         return cls(root, path.parent, f"{path.name}.artifacts")
-
-
-def _copy_named(src: Path, dest: Path, names: Iterable[str]) -> int:
-    """Copy the plain files of `names` that `src` holds into `dest`; how many were copied."""
-    n = 0
-    for name in names:
-        f = src / name
-        if f.is_file() and not f.is_symlink():
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, dest / name)
-            n += 1
-    return n
 
 
 def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None,
@@ -104,7 +91,8 @@ def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None,
                 if artifacts is not None and r.artifacts:
                     rel = f"{artifacts.folder}/result_{n_results}"
                     names = [a["name"] for a in r.artifacts if SAFE_ARTIFACT_NAME.fullmatch(str(a.get("name", "")))]
-                    if _copy_named(artifact_dir(artifacts.root, j.id, r.attempt), artifacts.beside / rel, names):
+                    src = artifact_dir(artifacts.root, j.id, r.attempt)
+                    if src.is_dir() and copy_artifacts(artifact_files(src, names), artifacts.beside / rel):
                         line["artifact_dir"] = rel
                 yield line
 
@@ -221,16 +209,14 @@ def _set(row: BaseModel, fields: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _artifact_source(n: int, row: ResultLine, artifacts: ArtifactCopy | None) -> Path | None:
-    """The folder a result line's artifacts are carried in, checked: inside the export file's folder, and
-    there. None where the line names none or the import takes no artifacts."""
+    """The folder a result line's artifacts are carried in, checked (service.artifact_source); None where
+    the line names none or the import takes no artifacts."""
     if row.artifact_dir is None or artifacts is None:
         return None
-    folder = (artifacts.beside / row.artifact_dir).resolve()
-    if not folder.is_relative_to(artifacts.beside.resolve()):
-        raise ValueError(f"line {n} (result): artifact_dir {row.artifact_dir!r} is outside the export file's folder")
-    if not folder.is_dir():
-        raise ValueError(f"line {n} (result): artifact_dir {row.artifact_dir!r} is missing beside the export file")
-    return folder
+    try:
+        return artifact_source(artifacts.beside, row.artifact_dir)
+    except ValueError as exc:
+        raise ValueError(f"line {n} (result): {exc}") from None
 
 
 def import_lines(db: Session, lines: Iterable[dict[str, Any]], artifacts: ArtifactCopy | None = None
@@ -248,7 +234,7 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]], artifacts: Artifa
     rows = [(n, _checked(n, ln)) for n, ln in enumerate(lines[1:], start=2)]  # all of them, before any write
     sources = {n: _artifact_source(n, row, artifacts) for n, row in rows if isinstance(row, ResultLine)}
     counts = {"sweeps": 0, "jobs": 0, "results": 0, "environments": 0, "sweeps_skipped": 0, "artifacts": 0}
-    copies: list[tuple[Path, int, int, list[str]]] = []  # made once the rows are committed: ids are final then
+    copies: list[tuple[list[Path], Path]] = []  # made once the rows are committed (service.copy_artifacts)
     env_ids: dict[str, int] = {}
     sweeps: dict[str, Sweep | None] = {}
     jobs: dict[tuple, Job] = {}
@@ -290,13 +276,14 @@ def import_lines(db: Session, lines: Iterable[dict[str, Any]], artifacts: Artifa
                               artifacts=[a.model_dump() for a in row.artifacts], **_set(row, ("created_at",))))
                 counts["results"] += 1
                 if sources[n] is not None:
-                    copies.append((sources[n], j.id, row.attempt, [a.name for a in row.artifacts]))
+                    files = artifact_files(sources[n], [a.name for a in row.artifacts])
+                    copies.append((files, artifact_dir(artifacts.root, j.id, row.attempt)))
         except KeyError as exc:
             db.rollback()
             raise ValueError(f"line {n}: it names {exc} before the line that defines it") from None
     db.commit()
-    for src, job_id, attempt, names in copies:
-        counts["artifacts"] += _copy_named(src, artifact_dir(artifacts.root, job_id, attempt), names)
+    for files, dest in copies:
+        counts["artifacts"] += copy_artifacts(files, dest)
     return counts
 
 

@@ -9,6 +9,7 @@ import math
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -464,20 +465,32 @@ def store_dead_letter(db: Session, body: Any, error: str, tries: int = 1) -> Dea
     return row
 
 
-def _copy_artifacts(source_dir: Path, rel: str, dest: Path) -> list[dict[str, Any]]:
-    """Copy a cell's artifacts from beside a run file; only plain files with safe names, inside source_dir."""
+def artifact_source(source_dir: Path, rel: str) -> Path:
+    """The folder a file names for its artifacts, `rel` to the file's folder: a ValueError unless it lies
+    inside that folder and is there."""
     folder = (source_dir / rel).resolve()
     if not folder.is_relative_to(source_dir.resolve()):
-        raise ValueError(f"artifact folder {rel!r} is outside the run file's folder")
+        raise ValueError(f"artifact folder {rel!r} is outside the file's folder")
     if not folder.is_dir():
-        raise ValueError(f"artifact folder {rel!r} is missing beside the run file")
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and not f.is_symlink() and SAFE_ARTIFACT_NAME.fullmatch(f.name):
-            shutil.copyfile(f, dest / f.name)
-            copied.append({"name": f.name, "size": f.stat().st_size})
-    return copied
+        raise ValueError(f"artifact folder {rel!r} is missing beside the file")
+    return folder
+
+
+def artifact_files(folder: Path, names: Iterable[str] | None = None) -> list[Path]:
+    """The plain files with safe names in `folder` (only those of `names`, when given)."""
+    files = sorted(folder.iterdir()) if names is None else [folder / n for n in names]
+    return [f for f in files if SAFE_ARTIFACT_NAME.fullmatch(f.name) and f.is_file() and not f.is_symlink()]
+
+
+def copy_artifacts(files: Iterable[Path], dest: Path) -> int:
+    """Copy artifact files into a job attempt's folder; how many. Call it once the rows that list them are
+    committed: a rolled-back job's id is handed out again, and its folder must not hold files then."""
+    n = 0
+    for f in files:
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest / f.name)
+        n += 1
+    return n
 
 
 class AlreadyImported(Exception):
@@ -517,28 +530,30 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
         found = db.exec(select(Sweep.id).where(Sweep.uid == header.uid)).first()
         if found is not None:
             raise AlreadyImported(found)
+    # every artifact folder checked before anything is written
+    folders = {i: artifact_source(source_dir, c.artifact_dir) for i, c in enumerate(cells)
+               if c.artifact_dir and source_dir is not None and artifact_root is not None}
     sweep = Sweep(suite=header.suite, name=name or header.name, params=header.params, tags=header.tags,
                   repeats=header.repeats, source="import")
     if header.uid is not None:
         sweep.uid = header.uid
     db.add(sweep)
     db.flush()
-    for c in cells:
+    copies = []
+    for i, c in enumerate(cells):
         env_id = environment_id(db, c.env or header.env)
         job = Job(sweep_id=sweep.id, cell_index=c.cell, repeat_index=c.repeat, params=c.params, state=c.state,
                   error=c.error, worker=c.worker, env_id=env_id, started_at=c.started_at, finished_at=c.finished_at)
         db.add(job)
         db.flush()
-        artifacts = []
-        if c.artifact_dir and source_dir is not None and artifact_root is not None:
-            try:
-                artifacts = _copy_artifacts(source_dir, c.artifact_dir, artifact_dir(artifact_root, job.id))
-            except ValueError:
-                db.rollback()
-                raise
-        db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite, artifacts=artifacts,
+        files = artifact_files(folders[i]) if i in folders else []
+        copies.append((files, job.id))
+        db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite,
+                      artifacts=[{"name": f.name, "size": f.stat().st_size} for f in files],
                       duration_s=c.duration_s, env_id=env_id))
     db.commit()
+    for files, job_id in copies:
+        copy_artifacts(files, artifact_dir(artifact_root, job_id))
     return sweep
 
 

@@ -205,8 +205,8 @@ def test_a_backup_carries_each_attempts_artifacts_to_the_other_database(tmp_path
     assert '"artifact_dir"' not in (tmp_path / "plain.jsonl").read_text()
 
 
-@pytest.mark.parametrize("folder, words", [("../elsewhere", "is outside the export file's folder"),
-                                           ("b.jsonl.artifacts/none", "is missing beside the export file")])
+@pytest.mark.parametrize("folder, words", [("../elsewhere", "is outside the file's folder"),
+                                           ("b.jsonl.artifacts/none", "is missing beside the file")])
 def test_an_export_naming_an_artifact_folder_it_does_not_carry_is_refused_and_nothing_is_written(
         db, tmp_path, folder, words):
     from backend.backup import ArtifactCopy, import_lines
@@ -215,11 +215,23 @@ def test_an_export_naming_an_artifact_folder_it_does_not_carry_is_refused_and_no
     (tmp_path / "elsewhere").mkdir()
     beside = tmp_path / "backup"
     beside.mkdir()
-    with pytest.raises(ValueError, match=f"line 5 \\(result\\): artifact_dir '{folder}' {words}"):
+    with pytest.raises(ValueError, match=f"line 5 \\(result\\): artifact folder '{folder}' {words}"):
         import_lines(db, _export(result={"artifact_dir": folder}),
                      ArtifactCopy.for_file(tmp_path / "artifacts", beside / "b.jsonl"))
     db.rollback()
     assert db.exec(select(Sweep)).all() == [] and not (tmp_path / "artifacts").exists()
+
+
+def test_a_run_file_whose_artifact_folder_is_missing_is_refused_before_any_file_or_row_is_written(tmp_path):
+    run, server = tmp_path / "run" / "r.jsonl", tmp_path / "server"
+    r = benchlab("run", "noop", "-p", "x=1,2", "-p", "artifact=true", "--out", str(run), data_dir=tmp_path / "gpu")
+    assert r.returncode == 0, r.stderr
+    shutil.rmtree(run.parent / "r.jsonl.artifacts" / "cell_1_0")  # the second cell's folder did not travel
+    r = benchlab("import", str(run), data_dir=server)
+    assert r.returncode == 2 and "artifact folder 'r.jsonl.artifacts/cell_1_0' is missing beside the file" in r.stderr
+    assert not (server / "artifacts").exists()  # not even the first cell's files, under a job id handed out again
+    with TestClient(create_app(BackendSettings(data_dir=server), with_recorder=False)) as c:
+        assert c.get("/api/sweeps").json() == []
 
 
 def test_retention_removes_the_oldest_job_folders_first(tmp_path):
