@@ -881,8 +881,11 @@ def db_export(out_path: Path = typer.Argument(..., help="JSON-lines file to writ
                 fh.write(dumps_line(row) + "\n")
                 n += row["kind"] == "sweep"
                 carried += "artifact_dir" in row
-        except OSError as exc:  # the artifacts' folder beside the file
-            console.print(f"[red]cannot write the artifacts beside {out_path}:[/] {exc}")
+        except OSError as exc:  # the file or the artifacts' folder beside it: no half backup is left
+            if fh is not sys.stdout:
+                fh.close()
+                out_path.unlink(missing_ok=True)
+            console.print(f"[red]cannot write {out_path} and its artifacts:[/] {exc}; nothing was exported")
             raise typer.Exit(2) from None
         finally:
             if fh is not sys.stdout:

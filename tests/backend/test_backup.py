@@ -200,6 +200,10 @@ def test_a_backup_carries_each_attempts_artifacts_to_the_other_database(tmp_path
                     seen.append(name)
     assert sorted(seen) == ["noop.json", "noop.json", "retry.txt"]
 
+    (tmp_path / "blocked.jsonl.artifacts").write_text("a file where the folder would go")
+    r = benchlab("db", "export", str(tmp_path / "blocked.jsonl"), data_dir=src)
+    assert r.returncode == 2 and "and its artifacts" in r.stderr and "nothing was exported" in r.stderr, r.stderr
+    assert not (tmp_path / "blocked.jsonl").exists()
     r = benchlab("db", "export", str(tmp_path / "plain.jsonl"), "--no-artifacts", data_dir=src)
     assert r.returncode == 0 and not (tmp_path / "plain.jsonl.artifacts").exists()
     assert '"artifact_dir"' not in (tmp_path / "plain.jsonl").read_text()
