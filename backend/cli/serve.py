@@ -118,14 +118,27 @@ def worker(queues: str = typer.Option("default", help="comma-separated queues to
     state = register_tasks(celery_app, settings, worker_name=f"{socket.gethostname()}:{celery_name}:{os.getpid()}",
                            queues=queue_list)
 
+    def leave() -> None:
+        """Say goodbye and exit 0, from a thread of its own while the main thread carries on starting."""
+        try:
+            state["heartbeat"].stop()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
     def stop_handler(then=None):
         def handler(signum, frame):
             state["stopping"] = signal.Signals(signum).name
             state["runner"].kill()
             if callable(then):
                 then(signum, frame)
-            else:  # no Celery handler (it is still starting): leave through the `finally`, which says goodbye
-                raise SystemExit(0)
+            else:
+                # no Celery handler yet (it is still starting). Raising here could stop the main thread inside
+                # an import while it holds the import lock, which the heartbeat thread's first beat (it imports
+                # the broker's transport) then waits on for ever, holding a module lock the goodbye needs: seen
+                # as a worker that never exits. So the goodbye and the exit run on a thread of their own.
+                threading.Thread(target=leave, name="benchlab-stop", daemon=True).start()
         return handler
 
     # from the banner on (so before the first heartbeat), a stop signal is a clean stop (goodbye, exit 0),
