@@ -547,13 +547,14 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
         db.add(job)
         db.flush()
         files = artifact_files(folders[i]) if i in folders else []
-        copies.append((files, job.id))
+        if files:
+            copies.append((files, artifact_dir(artifact_root, job.id)))
         db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite,
                       artifacts=[{"name": f.name, "size": f.stat().st_size} for f in files],
                       duration_s=c.duration_s, env_id=env_id))
     db.commit()
-    for files, job_id in copies:
-        copy_artifacts(files, artifact_dir(artifact_root, job_id))
+    for files, dest in copies:
+        copy_artifacts(files, dest)
     return sweep
 
 
