@@ -90,9 +90,9 @@ def export_lines(db: Session, schema: str, sweep_ids: list[int] | None = None,
                 n_results += 1
                 if artifacts is not None and r.artifacts:
                     rel = f"{artifacts.folder}/result_{n_results}"
-                    names = [a["name"] for a in r.artifacts if SAFE_ARTIFACT_NAME.fullmatch(str(a.get("name", "")))]
-                    src = artifact_dir(artifacts.root, j.id, r.attempt)
-                    if src.is_dir() and copy_artifacts(artifact_files(src, names), artifacts.beside / rel):
+                    files = artifact_files(artifact_dir(artifacts.root, j.id, r.attempt),
+                                           [str(a.get("name", "")) for a in r.artifacts])
+                    if copy_artifacts(files, artifacts.beside / rel):
                         line["artifact_dir"] = rel
                 yield line
 

@@ -477,9 +477,11 @@ def artifact_source(source_dir: Path, rel: str) -> Path:
 
 
 def artifact_files(folder: Path, names: Iterable[str] | None = None) -> list[Path]:
-    """The plain files with safe names in `folder` (only those of `names`, when given)."""
-    files = sorted(folder.iterdir()) if names is None else [folder / n for n in names]
-    return [f for f in files if SAFE_ARTIFACT_NAME.fullmatch(f.name) and f.is_file() and not f.is_symlink()]
+    """The plain files with safe names in `folder` (only those of `names` it holds, when given; a name
+    that is not safe, '../x' say, is never looked up)."""
+    names = sorted(f.name for f in folder.iterdir()) if names is None else names
+    files = [folder / n for n in names if SAFE_ARTIFACT_NAME.fullmatch(n)]
+    return [f for f in files if f.is_file() and not f.is_symlink()]
 
 
 def copy_artifacts(files: Iterable[Path], dest: Path) -> int:
@@ -546,7 +548,7 @@ def import_results(db: Session, lines: list[dict[str, Any]], name: str | None = 
                   error=c.error, worker=c.worker, env_id=env_id, started_at=c.started_at, finished_at=c.finished_at)
         db.add(job)
         db.flush()
-        files = artifact_files(folders[i]) if i in folders else []
+        files = artifact_files(folders[i]) if i in folders else []  # listed once: the row and the copy agree
         if files:
             copies.append((files, artifact_dir(artifact_root, job.id)))
         db.add(Result(job_id=job.id, state=c.state, metrics=c.metrics, nonfinite=c.nonfinite,

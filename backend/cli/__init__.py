@@ -8,7 +8,7 @@ from backend.cli.common import app, console
 
 # each module registers its commands when imported, in this order (the order of `benchlab --help`)
 # isort: off
-from backend.cli import serve, local, remote, admin  # noqa: F401, E402
+from backend.cli import serve, local, remote, admin  # noqa: F401
 # isort: on
 
 __all__ = ["app", "main"]
