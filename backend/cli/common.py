@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from worker.contract import clean_metrics
+
 app = typer.Typer(help="benchlab: run and compare GPU benchmarks of attention kernels and data-parallel training.",
                   no_args_is_help=True, add_completion=False)
 console = Console(stderr=True, soft_wrap=True)
@@ -90,23 +92,11 @@ def load_spec(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
         console.print(f"[red]bad input:[/] {path} is not a readable {'YAML' if is_yaml else 'JSON'} sweep spec: {exc}")
         raise typer.Exit(2) from None
-    where = nonfinite(spec)
-    if where is not None:  # YAML's .nan / .inf and JSON's NaN / Infinity: no request body can carry them
-        console.print(f"[red]bad input:[/] {path}: {where or 'the spec'} is not a finite number")
+    _, nonfinite = clean_metrics(spec)
+    if nonfinite:  # YAML's .nan / .inf and JSON's NaN / Infinity: no request body can carry them
+        console.print(f"[red]bad input:[/] {path}: {nonfinite[0]} is not a finite number")
         raise typer.Exit(2)
     return spec
-
-
-def nonfinite(value: Any, where: str = "") -> str | None:
-    """The dotted path of the first NaN or infinity in a parsed spec, else None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = nonfinite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
 
 
 def database_session():

@@ -114,8 +114,8 @@ def test_a_spec_with_nan_or_infinity_is_named_before_anything_is_sent(tmp_path):
     inf_json.write_text('{"suite": "noop", "params": [{"x": 1}, {"sleep_ms": [1, -Infinity]}]}')
     env = {"BENCHLAB_DATA_DIR": str(tmp_path)}
     for args, where in ((("submit", str(nan_yaml), "--server", "http://127.0.0.1:9"), "params.x"),
-                        (("ci", str(inf_json), "--server", "http://127.0.0.1:9"), "params.1.sleep_ms.1"),
-                        (("run", "--spec", str(inf_json)), "params.1.sleep_ms.1")):
+                        (("ci", str(inf_json), "--server", "http://127.0.0.1:9"), "params[1].sleep_ms[1]"),
+                        (("run", "--spec", str(inf_json)), "params[1].sleep_ms[1]")):
         p = benchlab(*args, env=env)
         assert p.returncode == 2, (args, p.stderr)
         assert f"{where} is not a finite number" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
