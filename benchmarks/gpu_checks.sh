@@ -12,8 +12,9 @@
 #   host         (named only) the flash kernel's launch path piece by piece (flash_host_time --parts)
 #                and its host time in turns with SDPA on six shapes; about 4 minutes
 #   small-grid   (named only) the small grid's seq 128 and 1024 cells, where the host sets the pace,
-#                in three rounds (`--repeats 3`): flash_triton against SDPA flash and cuDNN, each cell
-#                the median of its runs (summarize_attention); about 6 minutes
+#                in three rounds (`--repeats 3`): flash_triton against SDPA flash and cuDNN (impl the
+#                last axis, so a shape's implementations run back to back), each cell the median of its
+#                runs (summarize_attention); about 3 minutes on an H100
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
 # benchmarks/specs/leaderboard.yaml.
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON] [STAGE...]     (from the repository root)
@@ -57,9 +58,8 @@ for stage in $stages; do
       echo "host time rc=$?"; tail -n 6 "$out/flash_host_time.log" | cut -c1-400 ;;
     small-grid)
       timeout 560 "$py" -m backend.cli run attention --out "$out/attention_small_hostbound.jsonl" --repeats 3 \
-        -p impl=flash_triton,sdpa_flash,sdpa_cudnn -p batch=1,8 -p heads=16,32 -p seq_len=128,1024 \
-        -p d_head=64,128 -p causal=true,false -p dtype=bf16 -p pass=fwd_bwd -p device=cuda -p warmup=5 \
-        -p repeats=30 > "$out/attention_small_hostbound.log" 2>&1
+        -p batch=1,8 -p heads=16,32 -p seq_len=128,1024 -p d_head=64,128 -p causal=true,false -p dtype=bf16 \
+        -p pass=fwd_bwd -p device=cuda -p warmup=5 -p repeats=30 -p impl=flash_triton,sdpa_flash,sdpa_cudnn > "$out/attention_small_hostbound.log" 2>&1
       echo "small grid rc=$?"
       "$py" -m benchmarks.summarize_attention "$out/attention_small_hostbound.jsonl" \
         > "$out/attention_small_hostbound.md" 2>&1; tail -n 20 "$out/attention_small_hostbound.md" ;;

@@ -149,3 +149,32 @@ def test_issue_15s_goals_count_the_shapes_below_and_the_host_bound_among_them():
     assert "seq >= 4096 (2 shapes): 0.95x to 1.04x cuDNN (goal >= 1.0x on every shape: not met, below on 1)" in out
     assert "every shape (2): 0.50x to 1.50x SDPA flash (goal >= 1.0x on every shape: not met, below on 1, " \
            "1 of them host-bound)" in out
+
+
+def test_shapes_below_whose_rounds_overlap_are_counted_as_not_ranked(tmp_path):
+    import json
+
+    from benchmarks.summarize_attention import load
+
+    def run(impl, repeat, ms, seq=128):
+        params = {"impl": impl, "batch": 1, "heads": 16, "seq_len": seq, "d_head": 64, "causal": True,
+                  "dtype": "bf16", "pass": "fwd_bwd"}
+        metrics = {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "tflops": 1.0 / ms, "samples": 30,
+                   "gpu_busy": 0.3, "host_bound": True}
+        cell = ["flash_triton", "sdpa_flash"].index(impl) + (2 if seq != 128 else 0)
+        return json.dumps({"kind": "cell", "cell": cell, "repeat": repeat, "state": "done", "params": params,
+                           "metrics": metrics})
+
+    path = tmp_path / "rounds.jsonl"
+    lines = [run("flash_triton", r, ms) for r, ms in enumerate((0.30, 0.40, 0.50))]  # median 0.40
+    lines += [run("sdpa_flash", r, ms) for r, ms in enumerate((0.45, 0.35, 0.36))]  # median 0.36: ahead, overlapping
+    lines += [run("flash_triton", r, ms, 1024) for r, ms in enumerate((0.50, 0.52, 0.51))]
+    lines += [run("sdpa_flash", r, ms, 1024) for r, ms in enumerate((0.40, 0.41, 0.39))]  # ahead in every round
+    path.write_text("\n".join(lines))
+    _, rows = load(path)
+    assert sorted(r["fwd_bwd_range_ms"] for r in rows)[0] == [0.3, 0.5]
+    out = "\n".join(goals(rows))
+    assert "not met, below on 2, 2 of them host-bound; on 1 of those the ranges" in out
+    lines[1] = run("flash_triton", 1, 0.44)  # one run alone: no range to judge
+    path.write_text("\n".join(lines[1:2] + lines[3:]))
+    assert "the rounds do not rank" not in "\n".join(goals(load(path)[1]))
