@@ -41,7 +41,10 @@ def verdict(lo: float, hi: float, threshold: float) -> str:
 
 
 def _key(params: dict[str, Any], ignore: set[str]) -> str:
-    return json.dumps({k: v for k, v in params.items() if k not in ignore}, sort_keys=True)
+    """A cell's identity: its params less the ignored ones and those left unset (None). A parameter a
+    later release added with an unset default (attention's `against`) then leaves its cells matching
+    those recorded before it existed."""
+    return json.dumps({k: v for k, v in params.items() if k not in ignore and v is not None}, sort_keys=True)
 
 
 def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, dict[str, Any]]:

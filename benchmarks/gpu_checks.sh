@@ -15,6 +15,9 @@
 #                in three rounds (`--repeats 3`): flash_triton against SDPA flash and cuDNN (impl the
 #                last axis, so a shape's implementations run back to back), each cell the median of its
 #                runs (summarize_attention); about 3 minutes on an H100
+#   small-turns  (named only) benchmarks/specs/attention_small_turns.yaml: flash_triton timed in turns
+#                with SDPA flash and with cuDNN, sample by sample, on the small shapes up to seq 4096,
+#                the speed-up over each with its interval (summarize_attention)
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
 # benchmarks/specs/leaderboard.yaml.
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON] [STAGE...]     (from the repository root)
@@ -63,6 +66,12 @@ for stage in $stages; do
       echo "small grid rc=$?"
       "$py" -m benchmarks.summarize_attention "$out/attention_small_hostbound.jsonl" \
         > "$out/attention_small_hostbound.md" 2>&1; tail -n 20 "$out/attention_small_hostbound.md" ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid)"; exit 2 ;;
+    small-turns)
+      timeout 560 "$py" -m backend.cli run --spec benchmarks/specs/attention_small_turns.yaml \
+        --out "$out/attention_small_turns.jsonl" > "$out/attention_small_turns.log" 2>&1
+      echo "small grid in turns rc=$?"
+      "$py" -m benchmarks.summarize_attention "$out/attention_small_turns.jsonl" \
+        > "$out/attention_small_turns.md" 2>&1; tail -n 30 "$out/attention_small_turns.md" ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns)"; exit 2 ;;
   esac
 done

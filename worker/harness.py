@@ -156,6 +156,57 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
     return Timing.from_samples(samples)
 
 
+def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
+                  setup: Callable[[], Any] | None = None, flush_l2: bool = True) -> list[Timing]:
+    """Time several callables in turns: sample i of every one is taken before sample i + 1 of any, and
+    the one that goes first rotates (with A and B: AB, BA, AB, ...). Returns one Timing per callable.
+
+    An A/B comparison measured cell after cell reads the drift between the cells as a difference: a
+    host-bound cell's time is the host's, and the host's pace moves by tens of % over seconds. Taken in
+    turns, both see the same drift. Each sample is taken as measure() takes one (setup, the L2 flush,
+    CUDA events around the call issued back to back, the host's issue time kept beside it).
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    if not fns:
+        raise ValueError("no callables to time")
+    import torch
+
+    is_cuda = str(device).startswith("cuda")
+    n = len(fns)
+    for i in range(max(warmup, 0)):
+        for fn in fns[i % n:] + fns[:i % n]:
+            if setup is not None:
+                setup()
+            fn()
+    flush = None
+    if is_cuda:
+        torch.cuda.synchronize()
+        flush = L2Flusher(device) if flush_l2 else None
+    events, host, wall = [[] for _ in fns], [[] for _ in fns], [[] for _ in fns]
+    for i in range(repeats):
+        for j in [(i + r) % n for r in range(n)]:
+            if setup is not None:
+                setup()
+            if flush is not None:
+                flush()
+            if is_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter_ns()
+            fns[j]()
+            host[j].append((time.perf_counter_ns() - t0) / 1e6)
+            if is_cuda:
+                end.record()
+                events[j].append((start, end))
+            else:
+                wall[j].append(host[j][-1])
+    if not is_cuda:
+        return [Timing.from_samples(w) for w in wall]
+    torch.cuda.synchronize()
+    return [Timing.from_samples([s.elapsed_time(e) for s, e in ev], h) for ev, h in zip(events, host, strict=True)]
+
+
 def gpu_busy(paced: Timing, gpu_alone: Timing) -> float:
     """The share of a back-to-back sample's time (`paced`) that the GPU's own work fills (`gpu_alone`,
     measured with a head start), at most 1; below HOST_BOUND the host sets the pace."""

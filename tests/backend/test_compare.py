@@ -77,6 +77,16 @@ def test_compare_matches_cells_ignores_params_and_reports_missing_and_mismatched
     assert "| seq |" in table and "slower" in table and "2 cell(s) on one side only" in table
 
 
+def test_a_param_added_later_with_an_unset_default_still_matches_older_cells():
+    rng = np.random.default_rng(6)
+    old = [row({"impl": "naive", "seq": 1}, draws(rng, 20, 10, 0.02))]
+    new = [row({"impl": "naive", "seq": 1, "against": None}, draws(rng, 20, 10, 0.02)),
+           row({"impl": "naive", "seq": 1, "against": "sdpa"}, draws(rng, 20, 10, 0.02))]
+    out = compare(old, new, {1: {}})
+    assert [c["params"].get("against") for c in out["cells"]] == [None]  # unset matches absent
+    assert [m["params"]["against"] for m in out["missing"]] == ["sdpa"]  # a set value stays its own cell
+
+
 def test_cells_without_samples_are_inconclusive_with_the_reason():
     out = compare([row({"x": 1}, [])], [row({"x": 1}, [1.0, 2.0])], {})
     assert out["cells"][0]["verdict"] == "inconclusive" and out["cells"][0]["reason"] == "no timing samples on side A"

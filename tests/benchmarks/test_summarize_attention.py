@@ -178,3 +178,31 @@ def test_shapes_below_whose_rounds_overlap_are_counted_as_not_ranked(tmp_path):
     lines[1] = run("flash_triton", 1, 0.44)  # one run alone: no range to judge
     path.write_text("\n".join(lines[1:2] + lines[3:]))
     assert "the rounds do not rank" not in "\n".join(goals(load(path)[1]))
+
+
+def test_cells_timed_in_turns_give_the_speed_up_with_its_interval_and_decide_the_goal(tmp_path):
+    import json
+
+    from benchmarks.summarize_attention import load, table
+
+    def cell(i, seq, speedup, low, high):
+        params = {"impl": "flash_triton", "against": "sdpa_flash", "batch": 1, "heads": 16, "seq_len": seq,
+                  "d_head": 64, "causal": True, "dtype": "bf16", "pass": "fwd_bwd"}
+        metrics = {"median_ms": 0.3, "p20_ms": 0.3, "p80_ms": 0.3, "tflops": 1.0, "flops": 3e8, "samples": 30,
+                   "gpu_busy": 0.3, "host_bound": True, "against_median_ms": 0.3 * speedup,
+                   "against_p20_ms": 0.29, "against_p80_ms": 0.31, "speedup_vs_against": speedup,
+                   "speedup_vs_against_low": low, "speedup_vs_against_high": high}
+        return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
+
+    path = tmp_path / "turns.jsonl"
+    path.write_text(cell(0, 128, 0.95, 0.85, 1.05) + "\n" + cell(1, 1024, 0.90, 0.86, 0.94) + "\n"
+                    + cell(2, 4096, 1.10, 1.02, 1.20))
+    _, rows = load(path)
+    sdpa = next(r for r in rows if r["impl"] == "sdpa_flash" and r["S"] == 128)
+    assert sdpa["fwd_bwd_ms"] == 0.3 * 0.95  # its figures come from the turns
+    out = "\n".join(goals(rows))
+    assert "not met, below on 2, 2 of them host-bound; 3 shapes timed in turns, whose 95 % interval holds 1.0 " \
+           "on 1 of those below" in out
+    line = next(x for x in table(rows, "bf16").splitlines() if "(1, 16, 128, 64)" in x)
+    assert "0.95x (0.85-1.05)" in line
+    assert "flash_triton / sdpa_flash in turns (95 % CI)" in table(rows, "bf16")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.harness import Timing, is_oom, measure, quantile
+from worker.harness import Timing, is_oom, measure, measure_turns, quantile
 
 
 def test_quantiles_and_timing_summary():
@@ -20,6 +20,42 @@ def test_measure_runs_warmup_then_repeats_with_setup():
     t = measure(lambda: calls.__setitem__("fn", calls["fn"] + 1), warmup=2, repeats=4,
                 setup=lambda: calls.__setitem__("setup", calls["setup"] + 1))
     assert calls == {"fn": 6, "setup": 6} and t.samples == 4
+
+
+def test_turns_take_each_sample_of_every_callable_before_the_next_and_rotate_who_goes_first():
+    log = []
+    a, b = measure_turns([lambda: log.append("A"), lambda: log.append("B")], warmup=1, repeats=3,
+                         setup=lambda: log.append("s"))
+    assert "".join(log) == "sAsB" + "sAsB" + "sBsA" + "sAsB"  # warm-up, then AB, BA, AB
+    assert a.samples == b.samples == 3 and len(a.samples_ms) == 3
+    three = []
+    measure_turns([lambda i=i: three.append(i) for i in range(3)], warmup=0, repeats=3)
+    assert three == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    with pytest.raises(ValueError, match="repeats"):
+        measure_turns([lambda: None], repeats=0)
+    with pytest.raises(ValueError, match="no callables"):
+        measure_turns([])
+
+
+def test_turns_see_the_same_drift(monkeypatch):
+    """Two identical calls while the host slows down call by call (a clock that each call advances by
+    a growing step): cell after cell, the second reads slower; in turns the two read alike."""
+    import types
+
+    import worker.harness as harness
+
+    clock = {"ns": 0, "step": 100_000}
+
+    def call():
+        clock["ns"] += clock["step"]
+        clock["step"] += 10_000  # every call makes the next 0.01 ms slower: drift
+
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter_ns=lambda: clock["ns"]))
+    first = measure(call, warmup=0, repeats=10)
+    second = measure(call, warmup=0, repeats=10)
+    assert second.median_ms == pytest.approx(first.median_ms + 0.1)  # 10 calls later, 0.1 ms slower
+    a, b = measure_turns([call, call], warmup=0, repeats=10)
+    assert abs(a.median_ms - b.median_ms) <= 0.01  # at most one call's drift apart
 
 
 def test_timing_keeps_the_host_samples_beside_the_device_ones():
@@ -47,6 +83,16 @@ def test_a_head_start_times_the_gpu_alone_when_the_host_is_slower():
     assert paced.median_ms > 4.5 and paced.host_median_ms > 4.5
     assert alone.median_ms < 1.0 and alone.host_median_ms > 4.5  # the host's time is the same either way
     assert gpu_busy(paced, alone) < HOST_BOUND
+
+
+@pytest.mark.gpu
+def test_turns_on_cuda_keep_event_and_host_samples_for_each_callable():
+    x = torch.randn(1 << 22, device="cuda")
+    small, large = measure_turns([lambda: x[:1 << 10].mul_(1.0), lambda: x.mul_(1.0).mul_(1.0)], warmup=2,
+                                 repeats=10, device="cuda")
+    for t in (small, large):
+        assert t.samples == 10 and len(t.host_samples_ms) == 10 and t.median_ms > 0
+    assert large.median_ms > small.median_ms  # the events bracket each callable's own work
 
 
 @pytest.mark.parametrize("exc,expected", [

@@ -207,6 +207,39 @@ def test_attention_suite_says_whether_the_host_or_the_gpu_set_a_cells_time(tmp_p
     assert big["gpu_ms"] == pytest.approx(big["median_ms"], rel=0.2)
 
 
+def test_attention_against_times_two_implementations_in_turns_with_a_speed_up_and_interval(tmp_path):
+    from worker.stats import ratio_interval
+
+    m = run("attention", tmp_path, impl="flash_pytorch", against="naive", device="cpu", batch=1, heads=2,
+            seq_len=64, d_head=16, dtype="fp32", repeats=6, warmup=1)
+    assert len(m["samples_ms"]) == len(m["against_samples_ms"]) == 6
+    assert m["against_median_ms"] > 0 and m["out_rel_err"] < 1e-5  # the error is impl's own
+    speedup, low, high = ratio_interval(m["samples_ms"], m["against_samples_ms"])
+    assert m["speedup_vs_against"] == speedup == m["against_median_ms"] / m["median_ms"]
+    assert (m["speedup_vs_against_low"], m["speedup_vs_against_high"]) == (low, high) and low <= speedup <= high
+    plain = run("attention", tmp_path, impl="naive", device="cpu", batch=1, heads=2, seq_len=16, d_head=16,
+                dtype="fp32", repeats=2, warmup=0)
+    assert not any(k.startswith(("against", "speedup")) for k in plain)  # no against: no such figures
+    with pytest.raises(ValidationError, match="against"):
+        validate_cell("attention", {"against": "cudnn"})
+
+
+def test_attention_against_must_run_where_the_cell_runs(tmp_path):
+    from worker.harness import SkipCell
+
+    with pytest.raises(SkipCell, match="CUDA backend"):
+        run("attention", tmp_path, impl="naive", against="sdpa_flash", device="cpu", seq_len=8)
+
+
+@pytest.mark.gpu
+def test_attention_against_on_cuda_times_both_in_turns(tmp_path):
+    m = run("attention", tmp_path, impl="flash_triton", against="sdpa_flash", device="cuda", batch=1, heads=16,
+            seq_len=1024, d_head=64, dtype="bf16", repeats=20, warmup=3)
+    assert len(m["against_samples_ms"]) == 20 and len(m["against_host_samples_ms"]) == 20
+    assert m["speedup_vs_against_low"] <= m["speedup_vs_against"] <= m["speedup_vs_against_high"]
+    assert m["gpu_ms"] > 0 and m["peak_mem_bytes"] > 0  # impl's own GPU time and memory, as without against
+
+
 def test_attention_error_catches_a_wrong_implementation():
     import torch
 

@@ -16,6 +16,11 @@ host's launching, not the kernel, sets its time, and the kernel's own speed is `
 start's sleep also lets a chip at its power limit recover a little before each sample, so on long
 cells `gpu_ms` reads a few % under `median_ms` (gpu_busy 0.93 on the leaderboard shape): judge speed
 by `median_ms` and use `gpu_ms` to tell the host's share.
+
+Two implementations compare best in one cell: with `against` set, the cell times impl and that
+implementation on the same inputs in turns, sample by sample (worker.harness.measure_turns), and
+records impl's speed-up over it with an interval. Cells run one after another see the host's drift
+between them as a difference, which on host-bound shapes outweighs the implementations' own.
 """
 from __future__ import annotations
 
@@ -48,6 +53,9 @@ class Params(SuiteParams):
     device: Device = "auto"
     precision: Precision | None = Field(None, description="fp32 only: tf32 (one TF32 pass), tf32x3 (~fp32) or "
                                                           "ieee; unset: the implementation's default")
+    against: Impl | None = Field(None, description="another implementation timed on the same inputs in turns "
+                                                   "with impl (sample by sample), with impl's speed-up over it "
+                                                   "and a 95 % interval; it runs at its default precision")
     warmup: Untimed = Field(3, description="untimed calls first")
     repeats: Samples = Field(10, description="timed calls: the samples of one run (the sweep's own repeats are "
                                               "runs of each cell)")
@@ -121,16 +129,14 @@ def output_error(fn, q, k, v, causal: bool, heads: int = ERROR_HEADS, rows: int 
     return {"out_rel_err": math.sqrt(sq_err / max(sq_ref, 1e-300)), "out_max_abs_err": max_abs}
 
 
-def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeats: int, device: str):
-    """Time one scope of `fn(q, k, v, causal)`. Returns (Timing, Timing of the GPU alone or None off
-    CUDA, peak_extra_bytes or None).
+def attention_step(fn, q, k, v, causal: bool, pass_: str):
+    """(step, setup) timing one scope of `fn(q, k, v, causal)`; setup (None for fwd) clears the inputs'
+    gradients before each call.
 
     fwd: a forward with no autograd graph. bwd: backward alone, graph built once and retained.
-    fwd_bwd: forward then backward. Memory is measured on one extra, untimed run of the scope.
+    fwd_bwd: forward then backward.
     """
     import torch
-
-    from worker.harness import measure, peak_memory_bytes, reset_peak_memory
 
     def clear_grads():
         q.grad = k.grad = v.grad = None
@@ -139,35 +145,58 @@ def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeat
         def step():
             with torch.no_grad():
                 fn(q, k, v, causal)
-        setup = None
-    elif pass_ == "bwd":
+        return step, None
+    if pass_ == "bwd":
         out = fn(q, k, v, causal)
         grad = torch.randn_like(out)
 
         def step():
             out.backward(grad, retain_graph=True)
-        setup = clear_grads
-    else:
-        grad = torch.randn(q.shape, dtype=q.dtype, device=q.device)
+        return step, clear_grads
+    grad = torch.randn(q.shape, dtype=q.dtype, device=q.device)
 
-        def step():
-            fn(q, k, v, causal).backward(grad)
-        setup = clear_grads
-    timing = measure(step, warmup=warmup, repeats=repeats, device=device, setup=setup)
+    def step():
+        fn(q, k, v, causal).backward(grad)
+    return step, clear_grads
+
+
+def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeats: int, device: str,
+                   against=None):
+    """Time one scope of `fn(q, k, v, causal)` (attention_step). Returns (Timing, Timing of the GPU alone
+    or None off CUDA, peak_extra_bytes or None, Timing of `against` or None).
+
+    `against`, another attention callable, is timed on the same inputs in turns with `fn`
+    (harness.measure_turns): the first Timing then comes from those turns. Memory is measured on one
+    extra, untimed run of `fn`'s scope.
+    """
+    import torch
+
+    from worker.harness import measure, measure_turns, peak_memory_bytes, reset_peak_memory
+
+    step, setup = attention_step(fn, q, k, v, causal, pass_)
+    other = None
+    if against is None:
+        timing = measure(step, warmup=warmup, repeats=repeats, device=device, setup=setup)
+    else:
+        other_step, _ = attention_step(against, q, k, v, causal, pass_)
+        timing, other = measure_turns([step, other_step], warmup=warmup, repeats=repeats, device=device,
+                                      setup=setup)
     alone = None
     if device.startswith("cuda"):
         alone = measure(step, warmup=1, repeats=repeats, device=device, setup=setup, head_start=True)
 
     peak_extra = None
     if device.startswith("cuda"):
-        clear_grads()
+        if setup is not None:
+            setup()
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         reset_peak_memory(device)
         step()
         peak_extra = peak_memory_bytes(device) - before
-        clear_grads()
-    return timing, alone, peak_extra
+        if setup is not None:
+            setup()
+    return timing, alone, peak_extra, other
 
 
 def run(p: Params, ctx) -> dict:
@@ -181,14 +210,18 @@ def run(p: Params, ctx) -> dict:
     dtype = torch_dtype(p.dtype)
     require_runnable_attention(p.impl, device)
     fn, precision = attention_fn(p.impl, p.precision)
+    against = None
+    if p.against is not None:
+        require_runnable_attention(p.against, device)
+        against, _ = attention_fn(p.against, None)
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (p.batch, p.heads, p.seq_len, p.d_head)
     needs_grad = p.pass_ != "fwd"
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=gen).requires_grad_(needs_grad)
                for _ in range(3))
     try:
-        timing, alone, peak_extra = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
-                                                   repeats=p.repeats, device=device)
+        timing, alone, peak_extra, other = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
+                                                          repeats=p.repeats, device=device, against=against)
         error = output_error(fn, q, k, v, p.causal)
     except RuntimeError as exc:
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
@@ -208,4 +241,16 @@ def run(p: Params, ctx) -> dict:
         **error,
         "precision": precision if p.dtype == "fp32" else None,
         "device": device,
+        **(against_metrics(timing, other) if other is not None else {}),
     }
+
+
+def against_metrics(timing, other) -> dict:
+    """The `against` implementation's figures (`against_median_ms`, its samples, ...) and impl's speed-up
+    over it, `speedup_vs_against` = median(against) / median(impl), above 1 when impl is faster, with a
+    95 % bootstrap interval (`_low`, `_high`; worker.stats.ratio_interval), from samples taken in turns."""
+    from worker.stats import ratio_interval
+
+    speedup, low, high = ratio_interval(timing.samples_ms, other.samples_ms)
+    return {**other.as_dict("against_"), "speedup_vs_against": speedup, "speedup_vs_against_low": low,
+            "speedup_vs_against_high": high}
