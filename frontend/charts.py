@@ -120,6 +120,10 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
                 elif y == "median_ms" and all("p20_ms" in r and "p80_ms" in r for r in pts):
                     err = dict(type="data", symmetric=False, array=[(r["p80_ms"] - r[y]) * scale for r in pts],
                                arrayminus=[(r[y] - r["p20_ms"]) * scale for r in pts], thickness=1)
+                elif all(isinstance(r.get(f"{y}_low"), (int, float)) and isinstance(r.get(f"{y}_high"), (int, float))
+                         for r in pts):  # a figure recorded with its interval (speedup_vs_against)
+                    err = dict(type="data", symmetric=False, array=[(r[f"{y}_high"] - r[y]) * scale for r in pts],
+                               arrayminus=[(r[y] - r[f"{y}_low"]) * scale for r in pts], thickness=1)
                 notes = [_host_bound_note(r) for r in pts]
                 hover = ["; ".join(filter(None, (_runs_note(r, y, scale), n))) for r, n in zip(pts, notes, strict=True)]
                 fig.add_trace(go.Scatter(x=[r.get(x) for r in pts], y=[r[y] * scale for r in pts], mode="lines+markers",
@@ -187,6 +191,11 @@ def attention_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
         facet_lines(flat, "seq_len", "peak_mem_bytes", series, facets, "Peak memory vs sequence length", "MiB",
                     log_y=True, scale=1 / 2**20, marks_alone=False, colors=colors),
     ]
+    against = sorted({str(r["against"]) for r in flat if r.get("against") and "speedup_vs_against" in r})
+    if against:  # cells that timed a second implementation in turns with impl
+        name = against[0] if len(against) == 1 else "the implementation timed in turns (against)"
+        figs.append(facet_lines(flat, "seq_len", "speedup_vs_against", series, facets,
+                                f"Speed-up over {name}, timed in turns", "x faster (95 % interval)", colors=colors))
     if any(r.get("impl") == "naive" for r in flat) and len({r.get("impl") for r in flat}) > 1:
         sp = ratio_rows(flat, "impl", "naive")
         if sp:

@@ -1,6 +1,8 @@
 """Figure builders on plain rows (the browser tests draw them; these check what they contain)."""
 from __future__ import annotations
 
+import pytest
+
 from frontend.charts import pool_runs, sweep_figures
 
 
@@ -98,6 +100,27 @@ def test_attention_latency_draws_a_host_bound_cell_hollow_and_says_why():
     trace = latency["data"][0]
     assert list(trace["marker"]["symbol"]) == ["circle-open", "circle"]
     assert list(trace["hovertext"]) == ["host-bound: 6 % GPU busy", ""]
+
+
+def test_cells_timed_in_turns_chart_the_speed_up_with_its_interval():
+    def row(seq, against, speedup):
+        return {"params": {"impl": "flash_triton", "against": against, "seq_len": seq}, "state": "done",
+                "job_id": seq, "error": None,
+                "metrics": {"median_ms": 1.0, "p20_ms": 1.0, "p80_ms": 1.0, "tflops": 1.0, "against_median_ms": speedup,
+                            "speedup_vs_against": speedup, "speedup_vs_against_low": speedup - 0.1,
+                            "speedup_vs_against_high": speedup + 0.2}}
+
+    figs = sweep_figures("attention", [row(128, "sdpa_flash", 0.9), row(1024, "sdpa_flash", 1.3)])
+    chart = next(f for f in figs if f["layout"]["title"]["text"] == "Speed-up over sdpa_flash, timed in turns")
+    (trace,) = chart["data"]
+    assert list(trace["y"]) == [0.9, 1.3]
+    assert list(trace["error_y"]["array"]) == pytest.approx([0.2, 0.2])
+    assert list(trace["error_y"]["arrayminus"]) == pytest.approx([0.1, 0.1])
+    both = sweep_figures("attention", [row(128, "sdpa_flash", 0.9), row(128, "sdpa_cudnn", 1.1)])
+    chart = next(f for f in both if f["layout"]["title"]["text"].startswith("Speed-up over the implementation"))
+    assert sorted(t["name"] for t in chart["data"]) == ["against=sdpa_cudnn", "against=sdpa_flash"]
+    plain = sweep_figures("attention", [row(128, None, 1.0)])  # no cell timed in turns: no such chart
+    assert not any("timed in turns" in f["layout"]["title"]["text"] for f in plain)
 
 
 def test_a_memory_chart_with_no_measured_cell_is_left_out_but_failures_still_show_on_latency():
