@@ -225,7 +225,8 @@ def run(p: Params, ctx) -> dict:
         error = output_error(fn, q, k, v, p.causal)
     except RuntimeError as exc:
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
-            raise SkipCell(f"{p.impl} cannot run this configuration: {str(exc).splitlines()[0]}") from exc
+            which = f"{p.impl} or {p.against}" if p.against else p.impl  # in turns, either may have refused
+            raise SkipCell(f"{which} cannot run this configuration: {str(exc).splitlines()[0]}") from exc
         raise
     flops = attention_flops(p.batch, p.heads, p.seq_len, p.seq_len, p.d_head, p.causal, p.pass_)
     busy = gpu_busy(timing, alone) if alone else None
