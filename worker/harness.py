@@ -106,9 +106,10 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
+    if not (head_start and str(device).startswith("cuda")):  # back to back: one callable timed in turns alone
+        return measure_turns([fn], warmup=warmup, repeats=repeats, device=device, setup=setup, flush_l2=flush_l2)[0]
     import torch
 
-    is_cuda = str(device).startswith("cuda")
     warm_host_ms = []
     for _ in range(max(warmup, 0)):
         if setup is not None:
@@ -116,44 +117,34 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
         t0 = time.perf_counter_ns()
         fn()
         warm_host_ms.append((time.perf_counter_ns() - t0) / 1e6)
-    if is_cuda:
-        torch.cuda.synchronize()
-        flush = L2Flusher(device) if flush_l2 else None
-        # 2x the slowest warm-up call but the first (which may compile), and at least HEAD_START_MIN_MS
-        sleep_ms = max([HEAD_START_MIN_MS, *(2 * x for x in warm_host_ms[1:])])
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        held = torch.cuda.Event()
-        host = []
-        for i in range(repeats):
-            for _attempt in range(4):
-                if setup is not None:
-                    setup()
-                if head_start:
-                    torch.cuda._sleep(int(sleep_ms * _SLEEP_CYCLES_PER_MS))
-                    held.record()
-                if flush is not None:
-                    flush()
-                starts[i].record()
-                t0 = time.perf_counter_ns()
-                fn()
-                host_ms = (time.perf_counter_ns() - t0) / 1e6
-                ends[i].record()
-                if not (head_start and held.query()):
-                    break
-                sleep_ms *= 2  # the GPU woke before the host had issued the work: take the sample again
-            host.append(host_ms)
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-        return Timing.from_samples(samples, host)
-    samples = []
-    for _ in range(repeats):
-        if setup is not None:
-            setup()
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
-    return Timing.from_samples(samples)
+    torch.cuda.synchronize()
+    flush = L2Flusher(device) if flush_l2 else None
+    # 2x the slowest warm-up call but the first (which may compile), and at least HEAD_START_MIN_MS
+    sleep_ms = max([HEAD_START_MIN_MS, *(2 * x for x in warm_host_ms[1:])])
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    held = torch.cuda.Event()
+    host = []
+    for i in range(repeats):
+        for _attempt in range(4):
+            if setup is not None:
+                setup()
+            torch.cuda._sleep(int(sleep_ms * _SLEEP_CYCLES_PER_MS))
+            held.record()
+            if flush is not None:
+                flush()
+            starts[i].record()
+            t0 = time.perf_counter_ns()
+            fn()
+            host_ms = (time.perf_counter_ns() - t0) / 1e6
+            ends[i].record()
+            if not held.query():
+                break
+            sleep_ms *= 2  # the GPU woke before the host had issued the work: take the sample again
+        host.append(host_ms)
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    return Timing.from_samples(samples, host)
 
 
 def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
@@ -183,7 +174,7 @@ def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int
     if is_cuda:
         torch.cuda.synchronize()
         flush = L2Flusher(device) if flush_l2 else None
-    events, host, wall = [[] for _ in fns], [[] for _ in fns], [[] for _ in fns]
+    events, host = [[] for _ in fns], [[] for _ in fns]
     for i in range(repeats):
         for j in [(i + r) % n for r in range(n)]:
             if setup is not None:
@@ -199,10 +190,8 @@ def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int
             if is_cuda:
                 end.record()
                 events[j].append((start, end))
-            else:
-                wall[j].append(host[j][-1])
-    if not is_cuda:
-        return [Timing.from_samples(w) for w in wall]
+    if not is_cuda:  # off CUDA the host's wall clock is the sample
+        return [Timing.from_samples(h) for h in host]
     torch.cuda.synchronize()
     return [Timing.from_samples([s.elapsed_time(e) for s, e in ev], h) for ev, h in zip(events, host, strict=True)]
 
