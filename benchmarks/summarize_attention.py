@@ -75,8 +75,8 @@ def in_turns(by_shape: dict, row: dict, p: dict, m: dict, pass_: str) -> None:
     and the highest high), and the `against` implementation's own figures in its row where no cell of
     its own gave them."""
     ranges = m.get("runs_range") or {}
-    low = ranges.get("speedup_vs_against_low", [m["speedup_vs_against_low"]])[0]
-    high = ranges.get("speedup_vs_against_high", [None, m["speedup_vs_against_high"]])[-1]
+    low = min(ranges.get("speedup_vs_against_low", [m["speedup_vs_against_low"]]))
+    high = max(ranges.get("speedup_vs_against_high", [m["speedup_vs_against_high"]]))
     row[f"{pass_}_vs_{p['against']}"] = (m["speedup_vs_against"], low, high)
     other = by_shape.setdefault((p["against"], tuple(row["shape"]), row["causal"], row["dtype"]),
                                 {**{k: row[k] for k in ("shape", "B", "H", "S", "D", "causal", "dtype")},
