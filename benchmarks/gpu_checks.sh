@@ -18,6 +18,10 @@
 #   small-turns  (named only) benchmarks/specs/attention_small_turns.yaml: flash_triton timed in turns
 #                with SDPA flash and with cuDNN, sample by sample, on the small shapes up to seq 4096,
 #                the speed-up over each with its interval (summarize_attention)
+#   main-turns   (named only) benchmarks/specs/attention_vs_sdpa_turns.yaml: the same in turns on the 16k-token
+#                grid and the leaderboard shape, forward+backward; about 5 minutes cold on an H100
+#   course       (named only) the leaderboard test's step as the course times it (torch.compile'd apply,
+#                do_bench), two rounds in turns with cuDNN and SDPA flash (flash_host_time --leaderboard-only)
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
 # benchmarks/specs/leaderboard.yaml.
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON] [STAGE...]     (from the repository root)
@@ -72,6 +76,16 @@ for stage in $stages; do
       echo "small grid in turns rc=$?"
       "$py" -m benchmarks.summarize_attention "$out/attention_small_turns.jsonl" \
         > "$out/attention_small_turns.md" 2>&1; tail -n 30 "$out/attention_small_turns.md" ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns)"; exit 2 ;;
+    main-turns)
+      timeout 560 "$py" -m backend.cli run --spec benchmarks/specs/attention_vs_sdpa_turns.yaml \
+        --out "$out/attention_main_turns.jsonl" > "$out/attention_main_turns.log" 2>&1
+      echo "main grid in turns rc=$?"
+      "$py" -m benchmarks.summarize_attention "$out/attention_main_turns.jsonl" \
+        > "$out/attention_main_turns.md" 2>&1; tail -n 32 "$out/attention_main_turns.md" ;;
+    course)
+      timeout 300 "$py" -m benchmarks.flash_host_time --leaderboard-only --rounds 2 --leaderboard-rep-ms 1000 \
+        --out "$out/lb_course.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/lb_course.log" 2>&1
+      echo "leaderboard as the course times it rc=$?"; tail -n 8 "$out/lb_course.log" | cut -c1-400 ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, course)"; exit 2 ;;
   esac
 done
