@@ -223,7 +223,8 @@ def test_the_cudnn_goal_and_the_leaderboard_say_what_the_intervals_in_turns_reso
         return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
 
     path = tmp_path / "turns.jsonl"
-    path.write_text("\n".join([cell(0, (1, 16, 4096, 64), 0.98, 0.96, 1.01), cell(1, (1, 16, 8192, 64), 0.90, 0.88, 0.92),
+    path.write_text("\n".join([cell(0, (1, 16, 4096, 64), 0.98, 0.96, 1.01),
+                               cell(1, (1, 16, 8192, 64), 0.90, 0.88, 0.92),
                                cell(2, (16, 1, 16384, 64), 1.03, 1.01, 1.05)]))
     out = "\n".join(goals(load(path)[1]))
     assert "cuDNN (goal >= 1.0x on every shape: not met, below on 2; in turns (3 shapes, 95 % intervals): " \
