@@ -20,6 +20,8 @@
 #                the speed-up over each with its interval (summarize_attention)
 #   main-turns   (named only) benchmarks/specs/attention_vs_sdpa_turns.yaml: the same in turns on the 16k-token
 #                grid and the leaderboard shape, forward+backward; about 5 minutes cold on an H100
+#   timing       (named only) the harness on CUDA: every GPU test of tests/worker, then cells timed back to back
+#                through worker.harness.measure (attention without `against`, the model suite's training step)
 #   course       (named only) the leaderboard test's step as the course times it (torch.compile'd apply,
 #                do_bench), two rounds in turns with cuDNN and SDPA flash (flash_host_time --leaderboard-only)
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
@@ -82,10 +84,20 @@ for stage in $stages; do
       echo "main grid in turns rc=$?"
       "$py" -m benchmarks.summarize_attention "$out/attention_main_turns.jsonl" \
         > "$out/attention_main_turns.md" 2>&1; tail -n 32 "$out/attention_main_turns.md" ;;
+    timing)
+      timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$out/gpu_tests_worker.log" 2>&1
+      echo "worker gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_worker.log"
+      timeout 150 "$py" -m backend.cli run attention --out "$out/attention_measure.jsonl" -p batch=4 -p heads=16 \
+        -p seq_len=1024,4096 -p d_head=64 -p causal=true -p dtype=bf16 -p pass=fwd_bwd -p device=cuda \
+        -p impl=flash_triton,sdpa_flash > "$out/attention_measure.log" 2>&1
+      echo "attention rc=$?"; tail -n 9 "$out/attention_measure.log"
+      timeout 200 "$py" -m backend.cli run model --out "$out/model_measure.jsonl" -p size=small -p precision=bf16 \
+        -p device=cuda -p attention=flash_triton,sdpa -p optimizer=torch_fused > "$out/model_measure.log" 2>&1
+      echo "model rc=$?"; tail -n 7 "$out/model_measure.log" ;;
     course)
       timeout 300 "$py" -m benchmarks.flash_host_time --leaderboard-only --rounds 2 --leaderboard-rep-ms 1000 \
         --out "$out/lb_course.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/lb_course.log" 2>&1
       echo "leaderboard as the course times it rc=$?"; tail -n 8 "$out/lb_course.log" | cut -c1-400 ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, course)"; exit 2 ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, timing, course)"; exit 2 ;;
   esac
 done
