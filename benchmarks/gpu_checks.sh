@@ -36,6 +36,11 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
 "$py" -m pip install -q --no-index --find-links "$wh" pytest >> "$out/install.log" 2>&1
+spec_in_turns() {  # NAME SPEC: run an attention spec timed in turns into $out/NAME.jsonl, then its summary
+  timeout 560 "$py" -m backend.cli run --spec "$2" --out "$out/$1.jsonl" > "$out/$1.log" 2>&1
+  echo "$1 rc=$?"
+  "$py" -m benchmarks.summarize_attention "$out/$1.jsonl" > "$out/$1.md" 2>&1; tail -n 32 "$out/$1.md"
+}
 for stage in $stages; do
   case $stage in
     kernels)
@@ -72,18 +77,8 @@ for stage in $stages; do
       echo "small grid rc=$?"
       "$py" -m benchmarks.summarize_attention "$out/attention_small_hostbound.jsonl" \
         > "$out/attention_small_hostbound.md" 2>&1; tail -n 20 "$out/attention_small_hostbound.md" ;;
-    small-turns)
-      timeout 560 "$py" -m backend.cli run --spec benchmarks/specs/attention_small_turns.yaml \
-        --out "$out/attention_small_turns.jsonl" > "$out/attention_small_turns.log" 2>&1
-      echo "small grid in turns rc=$?"
-      "$py" -m benchmarks.summarize_attention "$out/attention_small_turns.jsonl" \
-        > "$out/attention_small_turns.md" 2>&1; tail -n 30 "$out/attention_small_turns.md" ;;
-    main-turns)
-      timeout 560 "$py" -m backend.cli run --spec benchmarks/specs/attention_vs_sdpa_turns.yaml \
-        --out "$out/attention_main_turns.jsonl" > "$out/attention_main_turns.log" 2>&1
-      echo "main grid in turns rc=$?"
-      "$py" -m benchmarks.summarize_attention "$out/attention_main_turns.jsonl" \
-        > "$out/attention_main_turns.md" 2>&1; tail -n 32 "$out/attention_main_turns.md" ;;
+    small-turns) spec_in_turns attention_small_turns benchmarks/specs/attention_small_turns.yaml ;;
+    main-turns) spec_in_turns attention_main_turns benchmarks/specs/attention_vs_sdpa_turns.yaml ;;
     timing)
       timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$out/gpu_tests_worker.log" 2>&1
       echo "worker gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_worker.log"
