@@ -20,6 +20,8 @@
 #                the speed-up over each with its interval (summarize_attention)
 #   main-turns   (named only) benchmarks/specs/attention_vs_sdpa_turns.yaml: the same in turns on the 16k-token
 #                grid and the leaderboard shape, forward+backward; about 5 minutes cold on an H100
+#   passes-turns (named only) benchmarks/specs/attention_passes_turns.yaml: forward and backward apart, in turns
+#                with cuDNN, at seq >= 4096 and on the leaderboard shape
 #   timing       (named only) the harness on CUDA: every GPU test of tests/worker, then cells timed back to back
 #                through worker.harness.measure (attention without `against`, the model suite's training step)
 #   course       (named only) the leaderboard test's step as the course times it (torch.compile'd apply,
@@ -79,6 +81,7 @@ for stage in $stages; do
         > "$out/attention_small_hostbound.md" 2>&1; tail -n 20 "$out/attention_small_hostbound.md" ;;
     small-turns) spec_in_turns attention_small_turns benchmarks/specs/attention_small_turns.yaml ;;
     main-turns) spec_in_turns attention_main_turns benchmarks/specs/attention_vs_sdpa_turns.yaml ;;
+    passes-turns) spec_in_turns attention_passes_turns benchmarks/specs/attention_passes_turns.yaml ;;
     timing)
       timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$out/gpu_tests_worker.log" 2>&1
       echo "worker gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_worker.log"
@@ -93,6 +96,6 @@ for stage in $stages; do
       timeout 300 "$py" -m benchmarks.flash_host_time --leaderboard-only --rounds 2 --leaderboard-rep-ms 1000 \
         --out "$out/lb_course.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/lb_course.log" 2>&1
       echo "leaderboard as the course times it rc=$?"; tail -n 8 "$out/lb_course.log" | cut -c1-400 ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, timing, course)"; exit 2 ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, course)"; exit 2 ;;
   esac
 done
