@@ -71,8 +71,7 @@ def load(path: Path) -> tuple[dict, list[dict]]:
             row = by_shape[key]
             for name, field in (("ms", "median_ms"), ("p20_ms", "p20_ms"), ("p80_ms", "p80_ms")):
                 row[f"{pass_}_{name}"] = statistics.median(m[field] for m in ms)
-            flops = ms[0].get("flops")
-            row[f"{pass_}_tflops"] = flops / (row[f"{pass_}_ms"] * 1e-3) / 1e12 if flops else None
+            row[f"{pass_}_tflops"] = tflops(ms[0].get("flops"), row[f"{pass_}_ms"])
     for row, pass_, r in failed:  # a run that finished outweighs one that did not
         if f"{pass_}_ms" not in row:
             row[f"{pass_}_error"] = f"{r['state']}: {(r.get('error') or '').splitlines()[0][:200]}"
@@ -94,7 +93,12 @@ def in_turns(by_shape: dict, row: dict, p: dict, m: dict, pass_: str) -> None:
     if f"{pass_}_ms" not in other and m.get("against_median_ms"):
         ms = m["against_median_ms"]
         other.update({f"{pass_}_ms": ms, f"{pass_}_p20_ms": m["against_p20_ms"], f"{pass_}_p80_ms": m["against_p80_ms"],
-                      f"{pass_}_tflops": m["flops"] / (ms * 1e-3) / 1e12 if m.get("flops") else None})
+                      f"{pass_}_tflops": tflops(m.get("flops"), ms)})
+
+
+def tflops(flops: float | None, ms: float) -> float | None:
+    """TFLOP/s of `flops` done in `ms` milliseconds (None without a FLOP count)."""
+    return flops / (ms * 1e-3) / 1e12 if flops else None
 
 
 def host_mark(row: dict, pass_: str) -> str:
@@ -181,7 +185,7 @@ def goals(rows: list[dict]) -> list[str]:
                     found.append((r["fwd_bwd_tflops"] / other["fwd_bwd_tflops"], r))
         return found
 
-    def in_turns(found: list[tuple[float, dict]], ref: str) -> str:
+    def resolved(found: list[tuple[float, dict]], ref: str) -> str:
         """What the 95 % intervals of the shapes timed in turns with `ref` resolve: faster where the interval
         lies above 1.0, slower where below, and not resolved where it holds 1.0 ("" if none was)."""
         turned = [r[f"fwd_bwd_vs_{ref}"] for _, r in found if r.get(f"fwd_bwd_vs_{ref}")]
@@ -203,7 +207,7 @@ def goals(rows: list[dict]) -> list[str]:
     cudnn = [x for x, _ in long]
     if cudnn:
         below = sum(x < 1.0 for x in cudnn)
-        verdict = ("met" if not below else f"not met, below on {below}") + in_turns(long, "sdpa_cudnn")
+        verdict = ("met" if not below else f"not met, below on {below}") + resolved(long, "sdpa_cudnn")
         out.append(f"- bf16 fwd+bwd at seq >= 4096 ({len(cudnn)} shapes): {min(cudnn):.2f}x to {max(cudnn):.2f}x "
                    f"cuDNN (goal >= 1.0x on every shape: {verdict})")
     every = speedups("sdpa_flash", 0)
@@ -213,7 +217,7 @@ def goals(rows: list[dict]) -> list[str]:
         unranked = sum(runs_overlap(r, by(tuple(r["shape"]), r["causal"], "bf16").get("sdpa_flash", {}))
                        for r in losing)
         verdict = "met" if not losing else f"not met, below on {len(losing)}, {hosted} of them host-bound"
-        verdict += in_turns(every, "sdpa_flash")
+        verdict += resolved(every, "sdpa_flash")
         if unranked:
             verdict += (f"; on {unranked} of those the ranges of the two implementations' run medians overlap: "
                         "the rounds do not rank them")
@@ -229,10 +233,10 @@ def goals(rows: list[dict]) -> list[str]:
         turns = lb.get("fwd_bwd_vs_sdpa_cudnn")
         met = ms <= 4.5 and (turns[0] > 1.0 if turns else cudnn_ms is None or ms < cudnn_ms)
         beat = f" and below cuDNN's {cudnn_ms:.3f}" if cudnn_ms else ""
-        turns = f"; in turns {turns[0]:.2f}x cuDNN's speed (95 % CI {turns[1]:.2f}-{turns[2]:.2f})" if turns else ""
+        note = f"; in turns {turns[0]:.2f}x cuDNN's speed (95 % CI {turns[1]:.2f}-{turns[2]:.2f})" if turns else ""
         out.append(f"- leaderboard (16, 16384, 64) causal bf16 fwd+bwd: {ms:.3f} ms median "
                    f"(p20 {lb['fwd_bwd_p20_ms']:.3f}; goal <= 5.0 ms: {'met' if ms <= 5.0 else 'not met'}; "
-                   f"goal <= 4.5 ms{beat}, as this suite times it: {'met' if met else 'not met'}{turns})")
+                   f"goal <= 4.5 ms{beat}, as this suite times it: {'met' if met else 'not met'}{note})")
     fp32, like = [], []
     for r in rows:
         if r["impl"].startswith("flash_triton") and r["dtype"] == "fp32" and r["S"] >= 8192:

@@ -111,19 +111,19 @@ def facet_lines(rows: list[dict[str, Any]], x: str, y: str, series: list[str], f
         for sv in series_vals:
             pts = sorted((r for r in facet_done if _label(r, series) == sv), key=lambda r: _sort_key(r.get(x)))
             if pts:
-                err = None
-                if any(r.get("runs", 1) > 1 for r in pts):  # cells run several times: the runs' range
-                    lo_hi = [(r.get("runs_range") or {}).get(y, [r[y], r[y]]) for r in pts]
-                    err = dict(type="data", symmetric=False, thickness=1,
-                               array=[(hi - r[y]) * scale for r, (_, hi) in zip(pts, lo_hi, strict=True)],
-                               arrayminus=[(r[y] - lo) * scale for r, (lo, _) in zip(pts, lo_hi, strict=True)])
+                # error bars: a repeated cell's range of runs, else p20-p80 of a time, else a recorded interval
+                bounds = None
+                if any(r.get("runs", 1) > 1 for r in pts):
+                    bounds = [(r.get("runs_range") or {}).get(y, [r[y], r[y]]) for r in pts]
                 elif y == "median_ms" and all("p20_ms" in r and "p80_ms" in r for r in pts):
-                    err = dict(type="data", symmetric=False, array=[(r["p80_ms"] - r[y]) * scale for r in pts],
-                               arrayminus=[(r[y] - r["p20_ms"]) * scale for r in pts], thickness=1)
+                    bounds = [(r["p20_ms"], r["p80_ms"]) for r in pts]
                 elif all(isinstance(r.get(f"{y}_low"), (int, float)) and isinstance(r.get(f"{y}_high"), (int, float))
                          for r in pts):  # a figure recorded with its interval (speedup_vs_against)
-                    err = dict(type="data", symmetric=False, array=[(r[f"{y}_high"] - r[y]) * scale for r in pts],
-                               arrayminus=[(r[y] - r[f"{y}_low"]) * scale for r in pts], thickness=1)
+                    bounds = [(r[f"{y}_low"], r[f"{y}_high"]) for r in pts]
+                err = None if bounds is None else dict(
+                    type="data", symmetric=False, thickness=1,
+                    array=[(hi - r[y]) * scale for r, (_, hi) in zip(pts, bounds, strict=True)],
+                    arrayminus=[(r[y] - lo) * scale for r, (lo, _) in zip(pts, bounds, strict=True)])
                 notes = [_host_bound_note(r) for r in pts]
                 hover = ["; ".join(filter(None, (_runs_note(r, y, scale), n))) for r, n in zip(pts, notes, strict=True)]
                 fig.add_trace(go.Scatter(x=[r.get(x) for r in pts], y=[r[y] * scale for r in pts], mode="lines+markers",
