@@ -117,11 +117,13 @@ def interleaved_samples(fns: dict, samples: int, calls: int, timer=None) -> dict
     """`samples` host-time samples of each callable, taken in turns (A B C, B C A, C A B, ...): the host's
     bursts of noise (other tenants, frequency changes) then fall on every implementation alike instead
     of on whichever one a round happened to time during a burst. `timer(fn, calls)` defaults to host_us."""
+    from worker.harness import turn_order
+
     timer = timer or host_us
     names = list(fns)
     out: dict[str, list[float]] = {name: [] for name in names}
     for i in range(samples):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in turn_order(names, i):
             out[name].append(timer(fns[name], calls))
     return out
 
@@ -266,30 +268,30 @@ def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dic
 
 
 def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[str, dict] | None = None) -> dict:
-    """The course's leaderboard timing: do_bench of each step, implementations in turns per round, with
-    the median SM clock and power draw nvidia-smi saw during each do_bench (variants: leaderboard_steps)."""
+    """The course's leaderboard timing: do_bench of each step, implementations in turns per round (the first
+    rotating, benchmarks.flash_sustained.turns), with every sample and the median SM clock and power draw
+    nvidia-smi saw during each do_bench (variants: leaderboard_steps). `ms` is do_bench's default return, the
+    mean, as the course reads it."""
     import torch
     import triton
 
+    from benchmarks.flash_sustained import turns
     from benchmarks.flash_timeline import SmiSampler
 
     steps = leaderboard_steps(form, variants)
-    out = {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
-           "variants": variants or {},
-           "ms": {}, "sm_clock_mhz_median": {}, "power_w_median": {}}
     for step in steps.values():  # compile, autotune and plan before the first round, whose clock and power
         step()                   # medians would otherwise take in the compile's idle seconds
     torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, step in steps.items():
-            sampler = SmiSampler(torch.cuda.current_device())  # the chip clocks down under sustained load
-            ms = triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25))
-            clocks, power = sampler.stop()
-            out["ms"].setdefault(name, []).append(ms)
-            out["sm_clock_mhz_median"].setdefault(name, []).append(statistics.median(clocks) if clocks else None)
-            out["power_w_median"].setdefault(name, []).append(statistics.median(power) if power else None)
-    out["median_ms"] = {name: statistics.median(xs) for name, xs in out["ms"].items()}
-    return out
+
+    def bench(step):
+        return triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25), return_mode="all")
+
+    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device()))
+    return {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
+            "variants": variants or {}, "order": timed["order"], "ms": timed["mean_ms"],
+            "sample_median_ms": timed["median_ms"], "samples": timed["samples"],
+            "sm_clock_mhz_median": timed["sm_clock_mhz"], "power_w_median": timed["power_w"],
+            "median_ms": {name: statistics.median(xs) for name, xs in timed["mean_ms"].items()}}
 
 
 def leaderboard_profile(iters: int, form: str = "course", rounds: int = 1) -> dict:

@@ -24,6 +24,10 @@
 #                with cuDNN, at seq >= 4096 and on the leaderboard shape
 #   timing       (named only) the harness on CUDA: every GPU test of tests/worker, then cells timed back to back
 #                through worker.harness.measure (attention without `against`, the model suite's training step)
+#   sustained    (named only) the 16k-token grid's shapes of seq >= 2048 and the leaderboard shape under do_bench
+#                (rep 100 ms, its default), flash_triton in turns with SDPA flash and cuDNN, three rounds
+#                (benchmarks.flash_sustained); sustained-long the same at rep 1000 ms, where the chip reaches its
+#                power limit as under the course's rep 10000
 #   course       (named only) the leaderboard test's step as the course times it (torch.compile'd apply,
 #                do_bench), two rounds in turns with cuDNN and SDPA flash (flash_host_time --leaderboard-only)
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
@@ -42,6 +46,11 @@ spec_in_turns() {  # NAME SPEC: run an attention spec timed in turns into $out/N
   timeout 560 "$py" -m backend.cli run --spec "$2" --out "$out/$1.jsonl" > "$out/$1.log" 2>&1
   echo "$1 rc=$?"
   "$py" -m benchmarks.summarize_attention "$out/$1.jsonl" > "$out/$1.md" 2>&1; tail -n 32 "$out/$1.md"
+}
+sustained_grid() {  # NAME REP_MS: the grid under do_bench in turns into $out/NAME.json, its table in NAME.md
+  timeout 560 "$py" -m benchmarks.flash_sustained --rep-ms "$2" --rounds 3 --out "$out/$1.json" --summary "$out/$1.md" \
+    --commit "${BENCHLAB_COMMIT:-}" > "$out/$1.log" 2>&1
+  echo "$1 rc=$?"; cat "$out/$1.md" 2>/dev/null || tail -n 5 "$out/$1.log"
 }
 for stage in $stages; do
   case $stage in
@@ -92,10 +101,12 @@ for stage in $stages; do
       timeout 200 "$py" -m backend.cli run model --out "$out/model_measure.jsonl" -p size=small -p precision=bf16 \
         -p device=cuda -p attention=flash_triton,sdpa -p optimizer=torch_fused > "$out/model_measure.log" 2>&1
       echo "model rc=$?"; tail -n 7 "$out/model_measure.log" ;;
+    sustained) sustained_grid attention_sustained_rep100 100 ;;
+    sustained-long) sustained_grid attention_sustained_rep1000 1000 ;;
     course)
       timeout 300 "$py" -m benchmarks.flash_host_time --leaderboard-only --rounds 2 --leaderboard-rep-ms 1000 \
         --out "$out/lb_course.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/lb_course.log" 2>&1
       echo "leaderboard as the course times it rc=$?"; tail -n 8 "$out/lb_course.log" | cut -c1-400 ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, course)"; exit 2 ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, sustained, sustained-long, course)"; exit 2 ;;
   esac
 done

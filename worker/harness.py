@@ -147,6 +147,13 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
     return Timing.from_samples(samples, host)
 
 
+def turn_order(items: list, i: int) -> list:
+    """Turn `i` of a rotation: the same cycle, starting one later each turn (A B C, B C A, C A B, ...), so
+    none of the items always goes first (on a cooler chip, a quieter host) or last."""
+    k = i % len(items)
+    return items[k:] + items[:k]
+
+
 def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
                   setup: Callable[[], Any] | None = None, flush_l2: bool = True) -> list[Timing]:
     """Time several callables in turns: sample i of every one is taken before sample i + 1 of any, and
@@ -166,7 +173,7 @@ def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int
     is_cuda = str(device).startswith("cuda")
     n = len(fns)
     for i in range(max(warmup, 0)):
-        for fn in fns[i % n:] + fns[:i % n]:
+        for fn in turn_order(fns, i):
             if setup is not None:
                 setup()
             fn()
@@ -176,7 +183,7 @@ def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int
         flush = L2Flusher(device) if flush_l2 else None
     events, host = [[] for _ in fns], [[] for _ in fns]
     for i in range(repeats):
-        for j in [(i + r) % n for r in range(n)]:
+        for j in turn_order(list(range(n)), i):
             if setup is not None:
                 setup()
             if flush is not None:

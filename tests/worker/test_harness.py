@@ -140,3 +140,11 @@ def test_cpu_ranks_are_at_most_one_per_cpu_of_the_worker_but_two_always_run():
     assert resolve_rank_device("cpu", 2) == "cpu" and resolve_rank_device("cpu", cpus) == "cpu"
     with pytest.raises(SkipCell, match=f"this host gives the worker {cpus} CPUs"):
         resolve_rank_device("cpu", cpus + 1)
+
+
+def test_turn_order_rotates_the_first_and_keeps_the_cycle():
+    from worker.harness import turn_order
+
+    assert [turn_order(["a", "b", "c"], i) for i in range(4)] == [["a", "b", "c"], ["b", "c", "a"],
+                                                                  ["c", "a", "b"], ["a", "b", "c"]]
+    assert turn_order([1], 5) == [1]
