@@ -286,11 +286,11 @@ def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[s
     def bench(step):
         return triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25), return_mode="all")
 
-    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device()))
+    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device(), extra=True))
     return {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
             "variants": variants or {}, "order": timed["order"], "ms": timed["mean_ms"],
             "sample_median_ms": timed["median_ms"], "samples": timed["samples"],
-            "sm_clock_mhz_median": timed["sm_clock_mhz"], "power_w_median": timed["power_w"],
+            "sm_clock_mhz_median": timed["sm_clock_mhz"], "power_w_median": timed["power_w"], "chip": timed["chip"],
             "median_ms": {name: statistics.median(xs) for name, xs in timed["mean_ms"].items()}}
 
 

@@ -5,15 +5,19 @@ it times a cool chip. `triton.testing.do_bench`, which the CS336 leaderboard tes
 use, runs the step back to back for `rep` ms (flushing the L2 before each call). A long enough run
 reaches the card's power limit, and there the implementation that spends less energy per step keeps a
 higher clock (docs/results/h200/flash_tuning.md, steps 10 and 34). On the leaderboard shape the two
-methods rank benchlab's kernel and cuDNN's the other way round (docs/results/h100/in_turns/README.md).
+methods rank benchlab's kernel and cuDNN's the other way round (docs/results/h100/in_turns/README.md);
+docs/results/h100/sustained/README.md has this script's runs.
 
 This script times flash_triton, SDPA flash and SDPA cuDNN that way on the forward+backward shapes of a
 sweep spec (default: the 16k-token grid and the leaderboard shape), `o = attn(q, k, v, causal);
 o.backward(dO)` with fresh gradients each call. Each round runs do_bench once per implementation, in
 turns, the first one rotating from round to round; nvidia-smi samples the SM clock and board power
-meanwhile. A round is the unit of the statistics: its median per implementation, and the speed-up of
-flash_triton over each SDPA backend within the round (above 1: flash_triton is faster). The samples
-of one do_bench follow the clock's drift, so they are kept but not pooled into an interval.
+meanwhile (every 20 ms: clock, power, instant power, and which clock-event reasons, such as the
+software power cap, were active). `drift` says how much each do_bench's calls slowed while it ran
+(last quarter over first). A round is the unit of the statistics: its median per implementation, and
+the speed-up of flash_triton over each SDPA backend within the round (above 1: flash_triton is
+faster). The samples of one do_bench follow the chip's drift, so they are kept but not pooled into an
+interval.
 
     python -m benchmarks.flash_sustained --out sustained.json [--spec SPEC] [--min-seq 2048]
         [--rep-ms 100] [--rounds 3] [--summary sustained.md]
@@ -59,14 +63,17 @@ def turns(steps: dict[str, Callable[[], None]], rounds: int, bench: Callable[[Ca
     """Time each step with `bench` (a list of ms samples) once a round, in rotating turns.
 
     `sampler()`, if given, starts sampling the chip (an object whose stop() returns (clocks, power)
-    lists) around each bench. Returns per implementation the samples of each round, each round's
-    median and mean, and the median SM clock and power of each round (None where nothing was sampled)."""
+    lists, and whose `rows` chip_summary sums up) around each bench. Returns per implementation the
+    samples of each round, each round's median and mean, the median SM clock and power of each round
+    (None where nothing was sampled), and each round's chip_summary."""
+    from benchmarks.flash_timeline import chip_summary
     from worker.harness import turn_order
 
     names = list(steps)
     out = {"order": [], "samples": {n: [] for n in names}, "median_ms": {n: [] for n in names},
            "mean_ms": {n: [] for n in names}, "sm_clock_mhz": {n: [] for n in names},
-           "power_w": {n: [] for n in names}}
+           "power_w": {n: [] for n in names}, "chip": {n: [] for n in names},
+           "drift": {n: [] for n in names}}
     for r in range(rounds):
         order = turn_order(names, r)
         out["order"].append(order)
@@ -79,7 +86,16 @@ def turns(steps: dict[str, Callable[[], None]], rounds: int, bench: Callable[[Ca
             out["mean_ms"][name].append(statistics.fmean(ms))
             out["sm_clock_mhz"][name].append(statistics.median(clocks) if clocks else None)
             out["power_w"][name].append(statistics.median(power) if power else None)
+            out["chip"][name].append(chip_summary(getattr(probe, "rows", [])))
+            out["drift"][name].append(drift(ms))
     return out
+
+
+def drift(ms: list[float]) -> float:
+    """How much one do_bench's calls slowed while it ran: the median of its last quarter of samples over
+    the median of its first (1.0: no change; at least one sample a quarter)."""
+    k = max(len(ms) // 4, 1)
+    return statistics.median(ms[-k:]) / statistics.median(ms[:k])
 
 
 def speedups(timed: dict, subject: str, references: tuple[str, ...]) -> dict:
@@ -129,7 +145,7 @@ def measure_shape(shape: Shape, rounds: int, rep_ms: int, warmup_ms: int) -> dic
     def bench(step):
         return triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=leaves, return_mode="all")
 
-    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device()))
+    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device(), 20, extra=True))
     b, h, n, d, causal = shape
     return {"batch": b, "heads": h, "seq_len": n, "d_head": d, "causal": causal, **timed,
             "speedup": speedups(timed, "flash_triton", REFERENCES)}
@@ -145,9 +161,9 @@ def summary_md(report: dict) -> str:
     lines = [f"do_bench (rep {report['rep_ms']} ms, warmup {report['warmup_ms']} ms), {report['rounds']} rounds "
              f"in turns; {report.get('gpu_name')}, torch {report.get('torch')}, Triton {report.get('triton')}, "
              f"commit {report.get('git_commit')}.", "",
-             "| shape (b, h, s, d) | causal | flash_triton ms | SDPA flash ms | cuDNN ms "
-             "| vs SDPA flash | vs cuDNN | SM MHz (flash / cuDNN) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| shape (b, h, s, d) | causal | flash_triton ms | SDPA flash ms | cuDNN ms | vs SDPA flash | vs cuDNN "
+             "| SM MHz (flash / cuDNN) | drift (flash / cuDNN) | power-capped (flash / cuDNN) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["shapes"]:
         su = c["speedup"]
 
@@ -158,11 +174,22 @@ def summary_md(report: dict) -> str:
         def clock(name, c=c):
             xs = [x for x in c["sm_clock_mhz"].get(name, []) if x is not None]
             return f"{statistics.median(xs):.0f}" if xs else "?"
+
+        def slowed(name, c=c):
+            xs = c.get("drift", {}).get(name, [])
+            return f"{statistics.median(xs):.3f}" if xs else "?"
+
+        def capped(name, c=c):
+            xs = [r.get("sw_power_cap_share") for r in c.get("chip", {}).get(name, [])]
+            xs = [x for x in xs if x is not None]
+            return f"{100 * statistics.median(xs):.0f} %" if xs else "?"
         ms = {n: _ms(c["median_ms"][n]) if n in c["median_ms"] else "" for n in IMPLS}
         shape = f"({c['batch']}, {c['heads']}, {c['seq_len']}, {c['d_head']})"
         lines.append(f"| {shape} | {'yes' if c['causal'] else 'no'} | {ms['flash_triton']} | {ms['sdpa_flash']} "
                      f"| {ms['sdpa_cudnn']} | {ratio('sdpa_flash')} | {ratio('sdpa_cudnn')} "
-                     f"| {clock('flash_triton')} / {clock('sdpa_cudnn')} |")
+                     f"| {clock('flash_triton')} / {clock('sdpa_cudnn')} "
+                     f"| {slowed('flash_triton')} / {slowed('sdpa_cudnn')} "
+                     f"| {capped('flash_triton')} / {capped('sdpa_cudnn')} |")
     return "\n".join(lines) + "\n"
 
 

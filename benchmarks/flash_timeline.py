@@ -63,17 +63,73 @@ def timeline(trace: dict, iters: int, is_flush=_fill_or_memset) -> dict:
                               for k, v in sorted(calls.items(), key=lambda kv: -sum(kv[1]))}}
 
 
+SMI_FIELDS = ("clocks.sm", "power.draw")
+# what slows a chip whose clock reading has not moved: the instant power (power.draw averages over a
+# second on Hopper) and nvidia-smi's bitmask of the active clock-event reasons
+SMI_EXTRA_FIELDS = ("power.draw.instant", "clocks_event_reasons.active")
+REASON_BITS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80}
+
+
+def parse_smi(lines: list[str], fields: tuple[str, ...]) -> list[dict[str, float | int]]:
+    """nvidia-smi's `--format=csv,noheader,nounits` lines as {field: value} rows; bitmask fields (hex)
+    become ints, the rest floats; a line that does not parse whole (a header, "[N/A]") is skipped."""
+    rows = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(fields):
+            continue
+        try:
+            rows.append({f: int(v, 16) if v.lower().startswith("0x") else float(v) for f, v in zip(fields, parts,
+                                                                                                 strict=True)})
+        except ValueError:
+            continue
+    return rows
+
+
+def chip_summary(rows: list[dict]) -> dict:
+    """Medians of the sampled clock and power, and the share of samples in which each clock-event reason of
+    REASON_BITS was active (where sampled)."""
+    import statistics
+
+    out: dict = {"samples": len(rows)}
+    for field in ("clocks.sm", "power.draw", "power.draw.instant"):
+        xs = [r[field] for r in rows if field in r]
+        out[field] = statistics.median(xs) if xs else None
+    masks = [r["clocks_event_reasons.active"] for r in rows if "clocks_event_reasons.active" in r]
+    for name, bit in REASON_BITS.items():
+        out[f"{name}_share"] = sum(1 for m in masks if m & bit) / len(masks) if masks else None
+    return out
+
+
+def _smi_answers(fields: tuple[str, ...], device: int) -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                               "-i", str(device)], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class SmiSampler:
     """nvidia-smi sampling one GPU's SM clock (MHz) and power draw (W) every `period_ms` from creation
-    until stop(), which returns the two lists (empty where nvidia-smi is missing)."""
+    until stop(), which returns the two lists (empty where nvidia-smi is missing). With `extra`, also the
+    instant power and the clock-event reasons (SMI_EXTRA_FIELDS) where this driver knows them; `rows`
+    then holds every sample, and chip_summary(rows) sums them up."""
 
-    def __init__(self, device: int, period_ms: int = 50):
+    _extra_known: dict[int, bool] = {}  # device -> whether its nvidia-smi answers SMI_EXTRA_FIELDS
+
+    def __init__(self, device: int, period_ms: int = 50, extra: bool = False):
         import subprocess
         import tempfile
 
+        if extra and device not in SmiSampler._extra_known:
+            SmiSampler._extra_known[device] = _smi_answers(SMI_FIELDS + SMI_EXTRA_FIELDS, device)
+        self.fields = SMI_FIELDS + (SMI_EXTRA_FIELDS if extra and SmiSampler._extra_known[device] else ())
+        self.rows: list[dict] = []
         self.file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
         try:
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+            self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(self.fields)}",
                                           "--format=csv,noheader,nounits", "-lms", str(period_ms),
                                           "-i", str(device)], stdout=self.file)
         except OSError:
@@ -86,18 +142,10 @@ class SmiSampler:
             self.proc.terminate()
             self.proc.wait()
         self.file.close()
-        clocks, power = [], []
         with open(self.file.name) as f:
-            lines = f.read().splitlines()
-        for line in lines:
-            parts = [p.strip() for p in line.split(",")]
-            try:
-                clocks.append(float(parts[0]))
-                power.append(float(parts[1]))
-            except (ValueError, IndexError):
-                continue
+            self.rows = parse_smi(f.read().splitlines(), self.fields)
         os.unlink(self.file.name)
-        return clocks, power
+        return [r["clocks.sm"] for r in self.rows], [r["power.draw"] for r in self.rows]
 
 
 def sustained(fwd_bwd, clear, flush, iters: int) -> dict:

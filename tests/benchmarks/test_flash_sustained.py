@@ -4,7 +4,7 @@ import statistics
 import pytest
 import yaml
 
-from benchmarks.flash_sustained import DEFAULT_SPEC, main, spec_shapes, speedups, summary_md, turns
+from benchmarks.flash_sustained import DEFAULT_SPEC, drift, main, spec_shapes, speedups, summary_md, turns
 
 
 def _spec(tmp_path, params, suite="attention"):
@@ -68,6 +68,13 @@ def test_turns_rotate_the_first_and_keep_each_rounds_samples_and_chip_readings()
     assert out["samples"]["a"] == [[1.0, 2.0, 6.0]] * 4
     assert out["median_ms"]["a"] == [2.0] * 4 and out["mean_ms"]["a"] == [3.0] * 4
     assert out["sm_clock_mhz"]["b"] == [1850.0] * 4 and out["power_w"]["c"] == [statistics.median([600, 1900 / 3])] * 4
+    assert out["drift"]["a"] == [6.0] * 4 and out["drift"]["c"] == [1.0] * 4
+    assert [c["samples"] for c in out["chip"]["a"]] == [0] * 4  # this probe keeps no rows
+
+
+def test_drift_is_the_last_quarter_over_the_first():
+    assert drift([1.0, 1.0, 1.1, 1.2, 1.1, 1.2, 1.3, 1.3]) == pytest.approx(1.3)
+    assert drift([2.0, 4.0]) == pytest.approx(2.0) and drift([3.0]) == 1.0
 
 
 def test_turns_without_a_sampler_or_readings_record_none():
@@ -93,6 +100,9 @@ def test_the_summary_has_a_row_per_shape_with_medians_ratios_and_clocks():
             "median_ms": {"flash_triton": [2.0, 2.2], "sdpa_flash": [3.0, 3.1], "sdpa_cudnn": [1.8, 1.9]},
             "sm_clock_mhz": {"flash_triton": [1700.0, None], "sdpa_flash": [None, None],
                              "sdpa_cudnn": [1900.0, 1910.0]}}
+    cell["drift"] = {"flash_triton": [1.08, 1.10], "sdpa_cudnn": [1.02, 1.04]}
+    cell["chip"] = {"flash_triton": [{"sw_power_cap_share": 0.5}, {"sw_power_cap_share": 1.0}],
+                    "sdpa_cudnn": [{"sw_power_cap_share": None}]}
     timed = {"median_ms": cell["median_ms"]}
     cell["speedup"] = speedups(timed, "flash_triton", ("sdpa_flash", "sdpa_cudnn"))
     md = summary_md({"rep_ms": 100, "warmup_ms": 25, "rounds": 2, "gpu_name": "G", "torch": "t", "triton": "x",
@@ -101,7 +111,7 @@ def test_the_summary_has_a_row_per_shape_with_medians_ratios_and_clocks():
     assert len(row) == 1
     assert "| yes | 2.100 | 3.050 | 1.850 |" in row[0]
     assert f"{statistics.median([3.0 / 2.0, 3.1 / 2.2]):.3f}x" in row[0]
-    assert "| 1700 / 1905 |" in row[0] and "commit abc" in md
+    assert "| 1700 / 1905 | 1.090 / 1.030 | 75 % / ? |" in row[0] and "commit abc" in md
 
 
 def test_bad_arguments_stop_before_any_gpu_work(tmp_path, capsys):

@@ -44,3 +44,30 @@ def test_a_step_with_fills_of_its_own_splits_only_at_the_given_flush():
     out = timeline(trace, iters=5, is_flush=lambda e: "FillFunctor<int>" in e["name"])
     assert [[k["name"] for k in r["kernels"]] for r in out["iterations"]] == [["fill_bf16", "_fwd_kernel"]] * 2
     assert [r["span_us"] for r in out["iterations"]] == [120.0, 105.0]
+
+
+def test_smi_lines_parse_into_rows_with_bitmasks_and_skip_what_does_not_parse():
+    from benchmarks.flash_timeline import SMI_EXTRA_FIELDS, SMI_FIELDS, parse_smi
+
+    fields = SMI_FIELDS + SMI_EXTRA_FIELDS
+    rows = parse_smi(["1980, 120.5, 130.0, 0x0000000000000000", "clocks.sm, power.draw, x, y",
+                      "1755, 690.1, [N/A], 0x0000000000000004", "1740, 699.0, 702.3, 0x000000000000000C", "1700, 1"],
+                     fields)
+    assert rows == [{"clocks.sm": 1980.0, "power.draw": 120.5, "power.draw.instant": 130.0,
+                     "clocks_event_reasons.active": 0},
+                    {"clocks.sm": 1740.0, "power.draw": 699.0, "power.draw.instant": 702.3,
+                     "clocks_event_reasons.active": 12}]
+
+
+def test_the_chip_summary_gives_medians_and_the_share_of_samples_under_each_reason():
+    from benchmarks.flash_timeline import chip_summary
+
+    rows = [{"clocks.sm": c, "power.draw": 600.0, "power.draw.instant": p, "clocks_event_reasons.active": m}
+            for c, p, m in ((1980.0, 500.0, 0x0), (1800.0, 700.0, 0x4), (1750.0, 710.0, 0x4 | 0x8),
+                            (1700.0, 720.0, 0x4))]
+    out = chip_summary(rows)
+    assert out["samples"] == 4 and out["clocks.sm"] == 1775.0 and out["power.draw.instant"] == 705.0
+    assert out["sw_power_cap_share"] == 0.75 and out["hw_slowdown_share"] == 0.25 and out["sw_thermal_share"] == 0.0
+    bare = chip_summary([{"clocks.sm": 1900.0, "power.draw": 300.0}])  # a driver without the extra fields
+    assert bare["clocks.sm"] == 1900.0 and bare["power.draw.instant"] is None and bare["sw_power_cap_share"] is None
+    assert chip_summary([])["samples"] == 0
