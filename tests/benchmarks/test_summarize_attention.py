@@ -29,6 +29,7 @@ def test_goals_met_and_missed():
     assert "2 shapes): 1.15x to 1.50x SDPA flash (goal >= 1.2x: not met)" in out
     assert "5.200 ms median" in out and "goal <= 5.0 ms: not met" in out
     assert "3.43x to 3.43x SDPA efficient (goal >= 3x: met" in out
+    assert "power-limited clock" not in out  # nothing was timed in turns with cuDNN
 
 
 def test_fp32_is_judged_like_for_like_when_errors_are_recorded():
@@ -230,6 +231,7 @@ def test_the_cudnn_goal_and_the_leaderboard_say_what_the_intervals_in_turns_reso
     assert "cuDNN (goal >= 1.0x on every shape: not met, below on 2; in turns (3 shapes, 95 % intervals): " \
            "faster on 1, slower on 1, not resolved on 1)" in out
     assert "as this suite times it: met; in turns 1.03x cuDNN's speed (95 % CI 1.01-1.05))" in out
+    assert "each runs at its own power-limited clock" in out  # what turns with cuDNN do not measure
 
 
 def test_an_impl_timed_in_turns_against_two_shows_the_median_of_its_cells_and_no_ratio_across_cells(tmp_path):
