@@ -277,6 +277,7 @@ def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[s
 
     from benchmarks.flash_sustained import turns
     from benchmarks.flash_timeline import SmiSampler
+    from kernels.flash_triton import autotuned_configs
 
     steps = leaderboard_steps(form, variants)
     for step in steps.values():  # compile, autotune and plan before the first round, whose clock and power
@@ -287,7 +288,8 @@ def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[s
         return triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25), return_mode="all")
 
     timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device(), extra=True))
-    return {"shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
+    return {"autotuned": autotuned_configs(),  # the tiles the unpinned steps ran
+            "shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
             "variants": variants or {}, "order": timed["order"], "ms": timed["mean_ms"],
             "sample_median_ms": timed["median_ms"], "samples": timed["samples"],
             "sm_clock_mhz_median": timed["sm_clock_mhz"], "power_w_median": timed["power_w"], "chip": timed["chip"],
