@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.flash_ab import parse_shape
+from benchmarks.flash_ab import parse_shape, write_report
 
 # (batch, heads, seq, d), causal: the shapes of the host-overhead table, then mid-size ones
 SHAPES = [((1, 16, 128, 64), True), ((1, 16, 1024, 64), True), ((4, 16, 1024, 64), True),
@@ -644,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         report = {"kind": "flash_host_parts", **fingerprint(args.commit),
                   **parts(shape, causal, args.calls, args.rounds, args.out.with_suffix(".prof.txt"))}
         print(json.dumps(report["median_us"]), file=sys.stderr, flush=True)
-        return _write(args.out, report)
+        write_report(report, args.out)
+        return 0
     names = [name for name, _ in args.leaderboard_variant]
     if len(set(names)) != len(names):
         ap.error(f"--leaderboard-variant names must differ, got {names}")
@@ -660,23 +661,18 @@ def main(argv: list[str] | None = None) -> int:
         ratios = {n: r.get("vs_sdpa_flash", {}).get("ratio") for n, r in cell.get("fwd_bwd_host", {}).items()}
         print(json.dumps({"shape": shape, "causal": causal, "fwd_us/fwd_bwd_us/fwd_bwd_gpu_ms": brief,
                           "fwd_bwd_host_vs_sdpa_flash": ratios}), file=sys.stderr, flush=True)
-        _write(args.out, report)  # after every cell: a run stopped by its time limit keeps what it finished
+        write_report(report, args.out)  # after every cell: a run stopped by its time limit keeps what it finished
     if args.leaderboard or args.leaderboard_only:
         report["leaderboard"] = leaderboard(args.rounds, args.leaderboard_rep_ms, args.leaderboard_inputs,
                                             dict(args.leaderboard_variant))
         print(json.dumps(report["leaderboard"]["median_ms"]), file=sys.stderr, flush=True)
-        _write(args.out, report)
+        write_report(report, args.out)
     if args.leaderboard_profile:
         report["leaderboard_profile"] = leaderboard_profile(args.leaderboard_profile, args.leaderboard_inputs,
                                                             args.rounds)
         print(json.dumps({n: {k: r[k] for k in ("span_us_median", "kernel_us_median", "idle_us_median")}
                           for n, r in report["leaderboard_profile"]["impls"].items()}), file=sys.stderr, flush=True)
-    return _write(args.out, report)
-
-
-def _write(path: Path, report: dict) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, args.out)
     return 0
 
 

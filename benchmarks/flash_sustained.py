@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from benchmarks.flash_ab import write_report
+
 DEFAULT_SPEC = Path(__file__).parent / "specs" / "attention_vs_sdpa_turns.yaml"
 IMPLS = ("flash_triton", "sdpa_flash", "sdpa_cudnn")
 REFERENCES = ("sdpa_flash", "sdpa_cudnn")
@@ -226,15 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"shape": shape, "median_ms": {n: round(statistics.median(x), 3)
                                                         for n, x in cell["median_ms"].items()},
                           "speedup": brief}), file=sys.stderr, flush=True)
-        write(args.out, report)  # after every shape: a run stopped by its time limit keeps what it finished
+        write_report(report, args.out)  # after every shape: a run stopped by its time limit keeps what it finished
         if args.summary:
             args.summary.write_text(summary_md(report))
-    return 0
-
-
-def write(path: Path, report: dict) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
