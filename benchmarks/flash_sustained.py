@@ -46,7 +46,10 @@ def spec_shapes(path: Path, min_seq: int = 0) -> list[Shape]:
 
     from backend.grid import expand_grid
 
-    spec = yaml.safe_load(path.read_text())
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not readable YAML: {exc}") from None
     if not isinstance(spec, dict) or spec.get("suite") != "attention":
         raise ValueError(f"{path} is not an attention sweep spec (suite: attention)")
     cells = expand_grid("attention", spec.get("params", {}), max_cells=100_000)

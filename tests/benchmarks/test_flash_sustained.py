@@ -40,6 +40,12 @@ def test_a_spec_of_another_suite_or_with_nothing_to_time_is_named(tmp_path):
     path = _spec(tmp_path, {"batch": 1, "heads": 2, "seq_len": 512, "d_head": 64, "dtype": "bf16"})
     with pytest.raises(ValueError, match="seq_len >= 4096"):
         spec_shapes(path, min_seq=4096)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("suite: attention\nparams: [unclosed\n")
+    with pytest.raises(ValueError, match="not readable YAML"):
+        spec_shapes(bad)
+    with pytest.raises(ValueError, match="batch"):  # the suite's own validation names the field
+        spec_shapes(_spec(tmp_path, {"batch": 0, "heads": 2, "seq_len": 512, "d_head": 64}))
 
 
 class _Probe:
