@@ -269,25 +269,19 @@ def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dic
 
 def leaderboard(rounds: int, rep_ms: int, form: str = "course", variants: dict[str, dict] | None = None) -> dict:
     """The course's leaderboard timing: do_bench of each step, implementations in turns per round (the first
-    rotating, benchmarks.flash_sustained.turns), with every sample and the median SM clock and power draw
+    rotating, benchmarks.flash_sustained.do_bench_turns), with every sample and the median SM clock and power draw
     nvidia-smi saw during each do_bench (variants: leaderboard_steps). `ms` is do_bench's default return, the
     mean, as the course reads it."""
     import torch
-    import triton
 
-    from benchmarks.flash_sustained import turns
-    from benchmarks.flash_timeline import SmiSampler
+    from benchmarks.flash_sustained import do_bench_turns
     from kernels.flash_triton import autotuned_configs
 
     steps = leaderboard_steps(form, variants)
     for step in steps.values():  # compile, autotune and plan before the first round, whose clock and power
         step()                   # medians would otherwise take in the compile's idle seconds
     torch.cuda.synchronize()
-
-    def bench(step):
-        return triton.testing.do_bench(step, rep=rep_ms, warmup=max(rep_ms // 10, 25), return_mode="all")
-
-    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device(), extra=True))
+    timed = do_bench_turns(steps, rounds, rep_ms, warmup_ms=max(rep_ms // 10, 25))
     return {"autotuned": autotuned_configs(),  # the tiles the unpinned steps ran
             "shape": list(LEADERBOARD_SHAPE), "dtype": "bf16", "causal": True, "inputs": form, "rep_ms": rep_ms,
             "variants": variants or {}, "order": timed["order"], "ms": timed["mean_ms"],

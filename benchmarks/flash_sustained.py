@@ -135,29 +135,47 @@ def shape_steps(shape: Shape, impls: tuple[str, ...] = IMPLS) -> tuple[dict[str,
     return {name: step_of(get_attention(name)) for name in impls}, leaves
 
 
-def measure_shape(shape: Shape, rounds: int, rep_ms: int, warmup_ms: int) -> dict:
-    """One shape's rounds of do_bench in turns, with the speed-ups; compile, autotune and plan first."""
+def do_bench_turns(steps: dict[str, Callable[[], None]], rounds: int, rep_ms: int, warmup_ms: int,
+                   grad_to_none: list | None = None, period_ms: int = 50) -> dict:
+    """turns() with triton's do_bench as the bench (every sample kept) and nvidia-smi sampling the chip,
+    its extra fields included, every `period_ms`."""
     import torch
     import triton
 
     from benchmarks.flash_timeline import SmiSampler
 
+    def bench(step):
+        return triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
+                                       return_mode="all")
+
+    device = torch.cuda.current_device()
+    return turns(steps, rounds, bench, sampler=lambda: SmiSampler(device, period_ms, extra=True))
+
+
+def measure_shape(shape: Shape, rounds: int, rep_ms: int, warmup_ms: int) -> dict:
+    """One shape's rounds of do_bench in turns, with the speed-ups; compile, autotune and plan first."""
+    import torch
+
     steps, leaves = shape_steps(shape)
     for step in steps.values():
         step()
     torch.cuda.synchronize()
-
-    def bench(step):
-        return triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, grad_to_none=leaves, return_mode="all")
-
-    timed = turns(steps, rounds, bench, sampler=lambda: SmiSampler(torch.cuda.current_device(), 20, extra=True))
+    timed = do_bench_turns(steps, rounds, rep_ms, warmup_ms, grad_to_none=leaves, period_ms=20)
     b, h, n, d, causal = shape
     return {"batch": b, "heads": h, "seq_len": n, "d_head": d, "causal": causal, **timed,
             "speedup": speedups(timed, "flash_triton", REFERENCES)}
 
 
-def _ms(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3f}"
+def _median_text(xs: list, fmt: str, scale: float = 1.0, missing: str = "?") -> str:
+    """The median of the values that are not None, scaled and formatted, or `missing` when there are none."""
+    xs = [x for x in xs if x is not None]
+    return format(scale * statistics.median(xs), fmt) if xs else missing
+
+
+def _flash_and_cudnn(per_impl: dict[str, list], fmt: str, scale: float = 1.0, unit: str = "") -> str:
+    """"flash_triton's / cuDNN's": the median of each one's values in `per_impl` ("?" where it has none)."""
+    texts = (_median_text(per_impl.get(n, []), fmt, scale) for n in ("flash_triton", "sdpa_cudnn"))
+    return " / ".join(t if t == "?" else t + unit for t in texts)
 
 
 def summary_md(report: dict) -> str:
@@ -170,31 +188,16 @@ def summary_md(report: dict) -> str:
              "| SM MHz (flash / cuDNN) | drift (flash / cuDNN) | power-capped (flash / cuDNN) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in report["shapes"]:
-        su = c["speedup"]
-
-        def ratio(ref, su=su):
-            r = su.get(ref)
-            return f"{r['median']:.3f}x ({r['low']:.3f}-{r['high']:.3f})" if r else ""
-
-        def clock(name, c=c):
-            xs = [x for x in c["sm_clock_mhz"].get(name, []) if x is not None]
-            return f"{statistics.median(xs):.0f}" if xs else "?"
-
-        def slowed(name, c=c):
-            xs = c.get("drift", {}).get(name, [])
-            return f"{statistics.median(xs):.3f}" if xs else "?"
-
-        def capped(name, c=c):
-            xs = [r.get("sw_power_cap_share") for r in c.get("chip", {}).get(name, [])]
-            xs = [x for x in xs if x is not None]
-            return f"{100 * statistics.median(xs):.0f} %" if xs else "?"
-        ms = {n: _ms(c["median_ms"][n]) if n in c["median_ms"] else "" for n in IMPLS}
+        ratio = {ref: f"{r['median']:.3f}x ({r['low']:.3f}-{r['high']:.3f})" for ref, r in c["speedup"].items()}
+        ms = {n: _median_text(c["median_ms"].get(n, []), ".3f", missing="") for n in IMPLS}
+        cap_shares = {n: [r.get("sw_power_cap_share") for r in rs] for n, rs in c.get("chip", {}).items()}
+        clock = _flash_and_cudnn(c["sm_clock_mhz"], ".0f")
+        slowed = _flash_and_cudnn(c.get("drift", {}), ".3f")
+        capped = _flash_and_cudnn(cap_shares, ".0f", scale=100.0, unit=" %")
         shape = f"({c['batch']}, {c['heads']}, {c['seq_len']}, {c['d_head']})"
         lines.append(f"| {shape} | {'yes' if c['causal'] else 'no'} | {ms['flash_triton']} | {ms['sdpa_flash']} "
-                     f"| {ms['sdpa_cudnn']} | {ratio('sdpa_flash')} | {ratio('sdpa_cudnn')} "
-                     f"| {clock('flash_triton')} / {clock('sdpa_cudnn')} "
-                     f"| {slowed('flash_triton')} / {slowed('sdpa_cudnn')} "
-                     f"| {capped('flash_triton')} / {capped('sdpa_cudnn')} |")
+                     f"| {ms['sdpa_cudnn']} | {ratio.get('sdpa_flash', '')} | {ratio.get('sdpa_cudnn', '')} "
+                     f"| {clock} | {slowed} | {capped} |")
     return "\n".join(lines) + "\n"
 
 

@@ -138,3 +138,35 @@ def test_without_a_gpu_it_says_so(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2 and "no GPU is visible" in capsys.readouterr().err
+
+
+def test_do_bench_turns_hands_do_bench_its_settings_and_samples_the_chip(monkeypatch):
+    import torch
+    import triton.testing
+
+    import benchmarks.flash_timeline as timeline
+    from benchmarks.flash_sustained import do_bench_turns
+
+    calls, probes = [], []
+
+    def fake_do_bench(fn, **kw):
+        fn()
+        calls.append(kw)
+        return [1.0, 2.0, 3.0]
+
+    class Probe(_Probe):
+        def __init__(self, device, period_ms, extra):
+            probes.append((device, period_ms, extra))
+            super().__init__([], [1900.0])
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(timeline, "SmiSampler", Probe)
+    ran = []
+    leaves = ["q"]
+    out = do_bench_turns({"a": lambda: ran.append("a"), "b": lambda: ran.append("b")}, 2, 700, 40,
+                         grad_to_none=leaves, period_ms=20)
+    assert ran == ["a", "b", "b", "a"]
+    assert calls == [dict(warmup=40, rep=700, grad_to_none=leaves, return_mode="all")] * 4
+    assert probes == [(3, 20, True)] * 4
+    assert out["median_ms"]["a"] == [2.0, 2.0] and out["sm_clock_mhz"]["b"] == [1900.0, 1900.0]
