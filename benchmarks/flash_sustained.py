@@ -73,6 +73,7 @@ def turns(steps: dict[str, Callable[[], None]], rounds: int, bench: Callable[[Ca
     (None where nothing was sampled), and each round's chip_summary."""
     from benchmarks.flash_timeline import chip_summary
     from worker.harness import turn_order
+    from worker.stats import drift
 
     names = list(steps)
     out = {"order": [], "samples": {n: [] for n in names}, "median_ms": {n: [] for n in names},
@@ -94,13 +95,6 @@ def turns(steps: dict[str, Callable[[], None]], rounds: int, bench: Callable[[Ca
             out["chip"][name].append(chip_summary(getattr(probe, "rows", [])))
             out["drift"][name].append(drift(ms))
     return out
-
-
-def drift(ms: list[float]) -> float:
-    """How much one do_bench's calls slowed while it ran: the median of its last quarter of samples over
-    the median of its first (1.0: no change; at least one sample a quarter)."""
-    k = max(len(ms) // 4, 1)
-    return statistics.median(ms[-k:]) / statistics.median(ms[:k])
 
 
 def speedups(timed: dict, subject: str, references: tuple[str, ...]) -> dict:

@@ -59,6 +59,12 @@ class Timing:
     def as_dict(self, prefix: str = "") -> dict[str, float]:
         return {f"{prefix}{k}": v for k, v in asdict(self).items()}
 
+    @classmethod
+    def pooled(cls, parts: list["Timing"]) -> "Timing":
+        """One Timing of several runs' samples, in the order the runs were taken."""
+        host = [x for t in parts for x in (t.host_samples_ms or [])]
+        return cls.from_samples([x for t in parts for x in t.samples_ms], host or None)
+
 
 def quantile(sorted_xs: list[float], q: float) -> float:
     """Linear-interpolated quantile of an already sorted list."""
@@ -154,6 +160,24 @@ def turn_order(items: list, i: int) -> list:
     return items[k:] + items[:k]
 
 
+def _sample(fn: Callable[[], Any], setup: Callable[[], Any] | None, flush: L2Flusher | None,
+            start=None, end=None) -> float:
+    """One sample as the harness takes it: `setup` (untimed), the L2 flush, then `fn` between the CUDA
+    events `start` and `end` where given. Returns the host's time to issue `fn`, ms."""
+    if setup is not None:
+        setup()
+    if flush is not None:
+        flush()
+    if start is not None:
+        start.record()
+    t0 = time.perf_counter_ns()
+    fn()
+    host_ms = (time.perf_counter_ns() - t0) / 1e6
+    if end is not None:
+        end.record()
+    return host_ms
+
+
 def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int = 10, device: str = "cpu",
                   setup: Callable[[], Any] | None = None, flush_l2: bool = True) -> list[Timing]:
     """Time several callables in turns: sample i of every one is taken before sample i + 1 of any, and
@@ -184,23 +208,83 @@ def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int
     events, host = [[] for _ in fns], [[] for _ in fns]
     for i in range(repeats):
         for j in turn_order(list(range(n)), i):
-            if setup is not None:
-                setup()
-            if flush is not None:
-                flush()
+            start = end = None
             if is_cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            t0 = time.perf_counter_ns()
-            fns[j]()
-            host[j].append((time.perf_counter_ns() - t0) / 1e6)
-            if is_cuda:
-                end.record()
                 events[j].append((start, end))
+            host[j].append(_sample(fns[j], setup, flush, start, end))
     if not is_cuda:  # off CUDA the host's wall clock is the sample
         return [Timing.from_samples(h) for h in host]
     torch.cuda.synchronize()
     return [Timing.from_samples([s.elapsed_time(e) for s, e in ev], h) for ev, h in zip(events, host, strict=True)]
+
+
+SUSTAIN_ESTIMATE_CALLS = 5  # calls timed together to size a sustained run, as do_bench sizes its own
+
+
+def measure_sustained(fns: list[Callable[[], Any]], *, sustain_ms: float, rounds: int = 3, warmup: int = 3,
+                      device: str = "cpu", setup: Callable[[], Any] | None = None, flush_l2: bool = True,
+                      max_calls: int = 10_000) -> list[list[Timing]]:
+    """Time several callables as triton's do_bench times one, each alone for `sustain_ms`, in rounds.
+
+    A round gives each callable, in rotating turns (turn_order), `warmup` untimed calls, then
+    SUSTAIN_ESTIMATE_CALLS calls timed together to estimate one call, then as many calls as fill
+    `sustain_ms` (at least 1, at most `max_calls`), issued back to back, each its own sample taken as
+    measure_turns takes one (setup, the L2 flush, CUDA events around the call, the host's issue time).
+    Returns per callable one Timing per round.
+
+    Timed in turns sample by sample, two implementations share the clock of their mixture. Run alone
+    for a second, a GPU reaches its power limit, and then the implementation that spends more energy
+    per call runs at a lower clock than the other: that is what do_bench, and a training loop, see
+    (docs/results/h100/sustained/README.md). A round is the unit of comparison: the chip's state moves
+    within one, so its samples are not independent draws.
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    if not sustain_ms > 0:
+        raise ValueError("sustain_ms must be > 0")
+    if max_calls < 1:
+        raise ValueError("max_calls must be >= 1")
+    if not fns:
+        raise ValueError("no callables to time")
+    import torch
+
+    is_cuda = str(device).startswith("cuda")
+    flush = L2Flusher(device) if is_cuda and flush_l2 else None
+
+    def calls_for(fn) -> int:
+        """How many calls fill sustain_ms, from SUSTAIN_ESTIMATE_CALLS timed together (flushes included,
+        as in the run they size)."""
+        if is_cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter_ns()
+        for _ in range(SUSTAIN_ESTIMATE_CALLS):
+            _sample(fn, setup, flush)
+        if is_cuda:
+            end.record()
+            torch.cuda.synchronize()
+            each_ms = start.elapsed_time(end) / SUSTAIN_ESTIMATE_CALLS
+        else:
+            each_ms = (time.perf_counter_ns() - t0) / 1e6 / SUSTAIN_ESTIMATE_CALLS
+        return max(1, min(max_calls, round(sustain_ms / max(each_ms, 1e-6))))
+
+    out: list[list[Timing]] = [[] for _ in fns]
+    for r in range(rounds):
+        for j in turn_order(list(range(len(fns))), r):
+            for _ in range(max(warmup, 0)):
+                _sample(fns[j], setup, flush)
+            n = calls_for(fns[j])
+            if not is_cuda:  # off CUDA the host's wall clock is the sample
+                out[j].append(Timing.from_samples([_sample(fns[j], setup, flush) for _ in range(n)]))
+                continue
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            host = [_sample(fns[j], setup, flush, s, e) for s, e in zip(starts, ends, strict=True)]
+            torch.cuda.synchronize()
+            out[j].append(Timing.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)], host))
+    return out
 
 
 def gpu_busy(paced: Timing, gpu_alone: Timing) -> float:

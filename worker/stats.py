@@ -8,7 +8,8 @@ suites that contrast two variants measured in one process (worker/suites/ddp.py)
   runs (repeats) of samples: a two-level bootstrap draws runs with replacement, then samples within
   each drawn run, so drift from run to run widens the interval instead of passing for a difference;
 - `mann_whitney_p(a, b)`: two-sided Mann-Whitney U p-value;
-- `slowest_rank(per_rank)`: step i's figure of a multi-rank measurement, the slowest rank's.
+- `slowest_rank(per_rank)`: step i's figure of a multi-rank measurement, the slowest rank's;
+- `drift(ms)`: how much a run of calls slowed while it ran (its last quarter over its first).
 Bootstraps draw each side with replacement, `resamples` times, from a seeded generator.
 """
 from __future__ import annotations
@@ -33,6 +34,15 @@ def timings(value) -> list[float]:
     if not isinstance(value, list):
         return []
     return [t for t in map(positive, value) if t is not None]
+
+
+def drift(ms: list[float]) -> float:
+    """How much a run of calls issued back to back slowed while it ran: the median of its last quarter of
+    samples over the median of its first (1.0: no change; at least one sample a quarter)."""
+    if not ms:
+        raise ValueError("no samples")
+    k = max(len(ms) // 4, 1)
+    return float(np.median(ms[-k:]) / np.median(ms[:k]))
 
 
 def slowest_rank(per_rank: list[list[float]]) -> list[float]:

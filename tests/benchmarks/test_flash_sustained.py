@@ -4,7 +4,7 @@ import statistics
 import pytest
 import yaml
 
-from benchmarks.flash_sustained import DEFAULT_SPEC, drift, main, spec_shapes, speedups, summary_md, turns
+from benchmarks.flash_sustained import DEFAULT_SPEC, main, spec_shapes, speedups, summary_md, turns
 
 
 def _spec(tmp_path, params, suite="attention"):
@@ -76,11 +76,6 @@ def test_turns_rotate_the_first_and_keep_each_rounds_samples_and_chip_readings()
     assert out["sm_clock_mhz"]["b"] == [1850.0] * 4 and out["power_w"]["c"] == [statistics.median([600, 1900 / 3])] * 4
     assert out["drift"]["a"] == [6.0] * 4 and out["drift"]["c"] == [1.0] * 4
     assert [c["samples"] for c in out["chip"]["a"]] == [0] * 4  # this probe keeps no rows
-
-
-def test_drift_is_the_last_quarter_over_the_first():
-    assert drift([1.0, 1.0, 1.1, 1.2, 1.1, 1.2, 1.3, 1.3]) == pytest.approx(1.3)
-    assert drift([2.0, 4.0]) == pytest.approx(2.0) and drift([3.0]) == 1.0
 
 
 def test_turns_without_a_sampler_or_readings_record_none():

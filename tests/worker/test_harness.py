@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.harness import Timing, is_oom, measure, measure_turns, quantile
+from worker.harness import SUSTAIN_ESTIMATE_CALLS, Timing, is_oom, measure, measure_sustained, measure_turns, quantile
 
 
 def test_quantiles_and_timing_summary():
@@ -37,25 +37,85 @@ def test_turns_take_each_sample_of_every_callable_before_the_next_and_rotate_who
         measure_turns([])
 
 
-def test_turns_see_the_same_drift(monkeypatch):
-    """Two identical calls while the host slows down call by call (a clock that each call advances by
-    a growing step): cell after cell, the second reads slower; in turns the two read alike."""
+def fake_clock(monkeypatch) -> dict:
+    """worker.harness's clock replaced by one that only the test's calls advance (`ns`)."""
     import types
 
     import worker.harness as harness
 
-    clock = {"ns": 0, "step": 100_000}
+    clock = {"ns": 0}
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter_ns=lambda: clock["ns"]))
+    return clock
+
+
+def test_turns_see_the_same_drift(monkeypatch):
+    """Two identical calls while the host slows down call by call (a clock that each call advances by
+    a growing step): cell after cell, the second reads slower; in turns the two read alike."""
+    clock = fake_clock(monkeypatch)
+    clock["step"] = 100_000
 
     def call():
         clock["ns"] += clock["step"]
         clock["step"] += 10_000  # every call makes the next 0.01 ms slower: drift
 
-    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter_ns=lambda: clock["ns"]))
     first = measure(call, warmup=0, repeats=10)
     second = measure(call, warmup=0, repeats=10)
     assert second.median_ms == pytest.approx(first.median_ms + 0.1)  # 10 calls later, 0.1 ms slower
     a, b = measure_turns([call, call], warmup=0, repeats=10)
     assert abs(a.median_ms - b.median_ms) <= 0.01  # at most one call's drift apart
+
+
+def test_sustained_rounds_run_each_callable_alone_for_its_time_and_rotate(monkeypatch):
+    clock, log = fake_clock(monkeypatch), []
+
+    def call(name):
+        def fn():
+            log.append(name)
+            clock["ns"] += 1_000_000  # 1 ms a call
+        return fn
+
+    a, b = measure_sustained([call("A"), call("B")], sustain_ms=4, rounds=2, warmup=1,
+                             setup=lambda: log.append("s"))
+    each = 1 + SUSTAIN_ESTIMATE_CALLS + 4  # warm-up, the estimate's calls, then 4 ms of 1 ms calls
+    assert "".join(x for x in log if x != "s") == "A" * each + "B" * each + "B" * each + "A" * each
+    assert log.count("s") == 4 * each  # setup before every call, timed or not
+    assert [t.samples for t in a] == [4, 4] and a[0].samples_ms == [1.0] * 4 and len(b) == 2
+    assert Timing.pooled(a).samples == 8
+
+
+def test_sustained_calls_are_at_least_one_and_at_most_max_calls(monkeypatch):
+    clock = fake_clock(monkeypatch)
+
+    def fn():
+        clock["ns"] += 2_000_000  # 2 ms a call
+
+    assert measure_sustained([fn], sustain_ms=0.5, rounds=1, warmup=0)[0][0].samples == 1
+    assert measure_sustained([fn], sustain_ms=1000, rounds=1, warmup=0, max_calls=7)[0][0].samples == 7
+    for bad, match in (({"rounds": 0}, "rounds"), ({"sustain_ms": 0}, "sustain_ms"), ({"max_calls": 0}, "max_calls")):
+        with pytest.raises(ValueError, match=match):
+            measure_sustained([fn], **{"sustain_ms": 1, **bad})
+    with pytest.raises(ValueError, match="no callables"):
+        measure_sustained([], sustain_ms=1)
+
+
+def test_sustained_timing_sees_what_each_callable_does_to_the_chip_and_turns_do_not(monkeypatch):
+    """A chip that slows with recent load, as one at its power limit does: A heats it, B does not, and
+    both do the same work. Alternating sample by sample, each runs at the mixture's heat and they read
+    alike; each alone for a while, A reads slower than B, as do_bench would read them."""
+    clock, chip = fake_clock(monkeypatch), {"heat": 0.0}
+
+    def call(heats: float):
+        def fn():
+            chip["heat"] = 0.9 * chip["heat"] + heats  # settles at 10 * heats
+            clock["ns"] += int(100_000 * (1 + chip["heat"] / 10))
+        return fn
+
+    hot, cool = call(1.0), call(0.0)
+    a, b = measure_turns([hot, cool], warmup=10, repeats=40)
+    assert b.median_ms / a.median_ms == pytest.approx(1.0, abs=0.1)
+    rounds = measure_sustained([hot, cool], sustain_ms=20, rounds=2, warmup=10)
+    alone_a, alone_b = Timing.pooled(rounds[0]), Timing.pooled(rounds[1])
+    assert alone_a.median_ms / alone_b.median_ms > 1.8  # A at 2x B's time per call once the heat settles
 
 
 def test_timing_keeps_the_host_samples_beside_the_device_ones():
@@ -93,6 +153,18 @@ def test_turns_on_cuda_keep_event_and_host_samples_for_each_callable():
     for t in (small, large):
         assert t.samples == 10 and len(t.host_samples_ms) == 10 and t.median_ms > 0
     assert large.median_ms > small.median_ms  # the events bracket each callable's own work
+
+
+@pytest.mark.gpu
+def test_sustained_on_cuda_keeps_event_and_host_samples_per_round():
+    x = torch.randn(1 << 22, device="cuda")
+    small, large = measure_sustained([lambda: x[:1 << 10].mul_(1.0), lambda: x.mul_(1.0).mul_(1.0)],
+                                     sustain_ms=20, rounds=2, device="cuda")
+    for rounds in (small, large):
+        assert len(rounds) == 2
+        for t in rounds:
+            assert t.samples > 1 and len(t.host_samples_ms) == t.samples and t.median_ms > 0
+    assert Timing.pooled(large).median_ms > Timing.pooled(small).median_ms
 
 
 @pytest.mark.parametrize("exc,expected", [

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.stats import slowest_rank, timings
+from worker.stats import drift, slowest_rank, timings
 
 
 def test_slowest_rank_takes_each_steps_slowest_and_refuses_ragged_ranks():
@@ -36,3 +36,11 @@ def test_bootstrap_medians_are_drawn_in_blocks_with_the_same_stream_and_flat_mem
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 64 * 2**20  # all 2,000 x 20,000 indexes at once would be 305 MiB
+
+
+def test_drift_is_the_last_quarter_over_the_first():
+    assert drift([1.0, 1.0, 1.1, 1.2, 1.1, 1.2, 1.3, 1.3]) == pytest.approx(1.3)
+    assert drift([2.0, 4.0]) == pytest.approx(2.0) and drift([3.0]) == 1.0
+    assert drift([4.0, 4.0, 2.0, 2.0]) == pytest.approx(0.5)  # a run that sped up
+    with pytest.raises(ValueError, match="no samples"):
+        drift([])

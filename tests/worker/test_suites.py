@@ -224,6 +224,40 @@ def test_attention_against_times_two_implementations_in_turns_with_a_speed_up_an
         validate_cell("attention", {"against": "cudnn"})
 
 
+def test_attention_sustained_times_each_implementation_alone_in_rounds(tmp_path):
+    from worker.stats import grouped_ratio_interval
+
+    m = run("attention", tmp_path, impl="flash_pytorch", against="naive", device="cpu", batch=1, heads=2,
+            seq_len=32, d_head=16, dtype="fp32", sustain_ms=5, rounds=2, warmup=1)
+    for side in ("", "against_"):
+        sizes = m[f"{side}round_samples"]
+        assert len(sizes) == len(m[f"{side}round_median_ms"]) == len(m[f"{side}round_drift"]) == 2
+        assert min(sizes) >= 1 and sum(sizes) == len(m[f"{side}samples_ms"])  # every round's samples kept
+    def split(side):  # the pooled samples back into their rounds
+        first = m[f"{side}round_samples"][0]
+        return [m[f"{side}samples_ms"][:first], m[f"{side}samples_ms"][first:]]
+    speedup, low, high = grouped_ratio_interval(split(""), split("against_"))
+    assert (m["speedup_vs_against"], m["speedup_vs_against_low"], m["speedup_vs_against_high"]) == (speedup, low, high)
+    assert m["speedup_vs_against_rounds"] == [b / a for a, b in zip(m["round_median_ms"], m["against_round_median_ms"],
+                                                                   strict=True)]
+    alone = run("attention", tmp_path, impl="naive", device="cpu", batch=1, heads=2, seq_len=16, d_head=16,
+                dtype="fp32", sustain_ms=2, warmup=0)
+    assert len(alone["round_samples"]) == 3 and "speedup_vs_against" not in alone  # the default rounds, one impl
+    plain = run("attention", tmp_path, impl="naive", device="cpu", batch=1, heads=2, seq_len=16, d_head=16,
+                dtype="fp32", repeats=2, warmup=0)
+    assert "round_samples" not in plain
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"rounds": 3}, "rounds applies with sustain_ms only"), ({"sustain_ms": 0}, "sustain_ms"),
+    ({"sustain_ms": 20_000}, "sustain_ms"), ({"sustain_ms": True}, "true is not"),
+    ({"sustain_ms": 100, "rounds": 0}, "rounds"), ({"sustain_ms": 100, "rounds": 50}, "rounds"),
+])
+def test_attention_sustained_refuses_what_it_cannot_time(params, match):
+    with pytest.raises(ValidationError, match=match):
+        validate_cell("attention", params)
+
+
 def test_attention_against_must_run_where_the_cell_runs(tmp_path):
     from worker.harness import SkipCell
 
@@ -238,6 +272,16 @@ def test_attention_against_on_cuda_times_both_in_turns(tmp_path):
     assert len(m["against_samples_ms"]) == 20 and len(m["against_host_samples_ms"]) == 20
     assert m["speedup_vs_against_low"] <= m["speedup_vs_against"] <= m["speedup_vs_against_high"]
     assert m["gpu_ms"] > 0 and m["peak_mem_bytes"] > 0  # impl's own GPU time and memory, as without against
+
+
+@pytest.mark.gpu
+def test_attention_sustained_on_cuda_keeps_rounds_of_event_samples(tmp_path):
+    m = run("attention", tmp_path, impl="flash_triton", against="sdpa_flash", device="cuda", batch=1, heads=16,
+            seq_len=1024, d_head=64, dtype="bf16", sustain_ms=50, rounds=2, warmup=3)
+    assert len(m["round_samples"]) == 2 and min(m["round_samples"]) > 1
+    assert len(m["against_host_samples_ms"]) == sum(m["against_round_samples"])
+    assert m["speedup_vs_against_low"] <= m["speedup_vs_against"] <= m["speedup_vs_against_high"]
+    assert m["gpu_ms"] > 0 and len(m["gpu_samples_ms"]) == 10  # the GPU-alone measurement keeps `repeats`
 
 
 def test_attention_error_catches_a_wrong_implementation():

@@ -21,6 +21,15 @@ Two implementations compare best in one cell: with `against` set, the cell times
 implementation on the same inputs in turns, sample by sample (worker.harness.measure_turns), and
 records impl's speed-up over it with an interval. Cells run one after another see the host's drift
 between them as a difference, which on host-bound shapes outweighs the implementations' own.
+
+Taken sample by sample, the two share the chip's clock. With `sustain_ms` set, the cell times as
+triton's do_bench (and a training loop) does instead: each implementation alone, its calls back to back
+for `sustain_ms`, in `rounds` rounds with the first one rotating (worker.harness.measure_sustained).
+At 1000 ms a GPU reaches its power limit, where the implementation that spends more energy per call
+runs at a lower clock, which turns hide (docs/results/h100/sustained/README.md). The samples of all
+rounds are the cell's (`samples_ms`, `round_samples` says how many each round took), each round's
+median and drift (last quarter over first) are kept, and the speed-up's interval resamples rounds,
+then calls within them (worker.stats.grouped_ratio_interval), beside each round's own ratio.
 """
 from __future__ import annotations
 
@@ -29,7 +38,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kernels.names import ATTENTION_IMPLS
-from worker.suites.common import Device, Dtype, Positive, Samples, SuiteParams, Untimed
+from worker.suites.common import MAX_SAMPLES, Device, Dtype, Positive, Samples, SuiteParams, Untimed
 
 DESCRIPTION = "Attention kernels (naive, SDPA, FlashAttention-2 in PyTorch and Triton): latency, TFLOP/s, memory"
 
@@ -39,6 +48,9 @@ Precision = Literal["tf32", "tf32x3", "ieee"]
 # implementations whose fp32 products follow torch's matmul setting (tf32 or ieee, no tf32x3)
 TORCH_MATMUL_IMPLS = ("naive", "flash_pytorch", "sdpa_math")
 ERROR_HEADS = 2  # heads of batch element 0 compared with float64 attention
+MAX_SUSTAIN_MS = 10_000  # the CS336 leaderboard's do_bench rep
+MAX_ROUNDS = 20
+DEFAULT_ROUNDS = 3
 
 
 class Params(SuiteParams):
@@ -56,14 +68,29 @@ class Params(SuiteParams):
     against: Impl | None = Field(None, description="another implementation timed on the same inputs in turns "
                                                    "with impl (sample by sample), with impl's speed-up over it "
                                                    "and a 95 % interval; it runs at its default precision")
-    warmup: Untimed = Field(3, description="untimed calls first")
-    repeats: Samples = Field(10, description="timed calls: the samples of one run (the sweep's own repeats are "
-                                              "runs of each cell)")
+    sustain_ms: float | None = Field(None, gt=0, le=MAX_SUSTAIN_MS,
+                                     description="time as do_bench does: each implementation alone, its calls back "
+                                                 "to back for this many ms a round (1000 reaches a GPU's power "
+                                                 "limit); unset: `repeats` calls, sample by sample")
+    rounds: int | None = Field(None, gt=0, le=MAX_ROUNDS,
+                               description=f"with sustain_ms: rounds, the first implementation rotating "
+                                           f"(default {DEFAULT_ROUNDS})")
+    warmup: Untimed = Field(3, description="untimed calls first (with sustain_ms: before each implementation's "
+                                           "turn in every round)")
+    repeats: Samples = Field(10, description="timed calls: the samples of one run (with sustain_ms, of the "
+                                              "GPU-alone measurement only; the sweep's own repeats are runs of "
+                                              "each cell)")
 
     @model_validator(mode="after")
     def _precision_is_for_fp32(self):
         if self.precision is not None and self.dtype != "fp32":
             raise ValueError(f"precision applies to dtype=fp32 only (dtype is {self.dtype!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _rounds_are_for_sustained(self):
+        if self.rounds is not None and self.sustain_ms is None:
+            raise ValueError("rounds applies with sustain_ms only (sample by sample, repeats sets the samples)")
         return self
 
 
@@ -161,26 +188,28 @@ def attention_step(fn, q, k, v, causal: bool, pass_: str):
 
 
 def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeats: int, device: str,
-                   against=None):
-    """Time one scope of `fn(q, k, v, causal)` (attention_step). Returns (Timing, Timing of the GPU alone
-    or None off CUDA, peak_extra_bytes or None, Timing of `against` or None).
+                   against=None, sustain_ms: float | None = None, rounds: int = DEFAULT_ROUNDS):
+    """Time one scope of `fn(q, k, v, causal)` (attention_step). Returns (runs, Timing of the GPU alone
+    or None off CUDA, peak_extra_bytes or None): `runs` holds per implementation (fn, then `against`
+    if given) a list of Timings, one per round with `sustain_ms` (harness.measure_sustained), else one.
 
-    `against`, another attention callable, is timed on the same inputs in turns with `fn`
-    (harness.measure_turns): the first Timing then comes from those turns. Memory is measured on one
-    extra, untimed run of `fn`'s scope.
+    `against`, another attention callable, is timed on the same inputs in turns with `fn`: sample by
+    sample (harness.measure_turns), or with `sustain_ms` each alone for that long a round. Memory is
+    measured on one extra, untimed run of `fn`'s scope.
     """
     import torch
 
-    from worker.harness import measure, measure_turns, peak_memory_bytes, reset_peak_memory
+    from worker.harness import measure, measure_sustained, measure_turns, peak_memory_bytes, reset_peak_memory
 
     step, setup = attention_step(fn, q, k, v, causal, pass_)
-    other = None
-    if against is None:
-        timing = measure(step, warmup=warmup, repeats=repeats, device=device, setup=setup)
+    steps = [step] + ([attention_step(against, q, k, v, causal, pass_)[0]] if against is not None else [])
+    if sustain_ms is not None:
+        # a cell keeps every sample: at most MAX_SAMPLES an implementation, so a short call's round may
+        # end before sustain_ms (round_samples says how many it took)
+        runs = measure_sustained(steps, sustain_ms=sustain_ms, rounds=rounds, warmup=warmup, device=device,
+                                 setup=setup, max_calls=MAX_SAMPLES // rounds)
     else:
-        other_step, _ = attention_step(against, q, k, v, causal, pass_)
-        timing, other = measure_turns([step, other_step], warmup=warmup, repeats=repeats, device=device,
-                                      setup=setup)
+        runs = [[t] for t in measure_turns(steps, warmup=warmup, repeats=repeats, device=device, setup=setup)]
     alone = None
     if device.startswith("cuda"):
         alone = measure(step, warmup=1, repeats=repeats, device=device, setup=setup, head_start=True)
@@ -196,7 +225,7 @@ def time_attention(fn, q, k, v, causal: bool, pass_: str, *, warmup: int, repeat
         peak_extra = peak_memory_bytes(device) - before
         if setup is not None:
             setup()
-    return timing, alone, peak_extra, other
+    return runs, alone, peak_extra
 
 
 def run(p: Params, ctx) -> dict:
@@ -204,7 +233,7 @@ def run(p: Params, ctx) -> dict:
 
     from kernels.flops import attention_flops
     from kernels.names import torch_dtype
-    from worker.harness import HOST_BOUND, SkipCell, gpu_busy, require_runnable_attention, resolve_device
+    from worker.harness import HOST_BOUND, SkipCell, Timing, gpu_busy, require_runnable_attention, resolve_device
 
     device = resolve_device(p.device)
     dtype = torch_dtype(p.dtype)
@@ -220,14 +249,18 @@ def run(p: Params, ctx) -> dict:
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=gen).requires_grad_(needs_grad)
                for _ in range(3))
     try:
-        timing, alone, peak_extra, other = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
-                                                          repeats=p.repeats, device=device, against=against)
+        if p.sustain_ms is not None:
+            ctx.progress(f"{p.rounds or DEFAULT_ROUNDS} rounds of {p.sustain_ms:g} ms per implementation")
+        runs, alone, peak_extra = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
+                                                 repeats=p.repeats, device=device, against=against,
+                                                 sustain_ms=p.sustain_ms, rounds=p.rounds or DEFAULT_ROUNDS)
         error = output_error(fn, q, k, v, p.causal)
     except RuntimeError as exc:
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
             which = f"{p.impl} or {p.against}" if p.against else p.impl  # in turns, either may have refused
             raise SkipCell(f"{which} cannot run this configuration: {str(exc).splitlines()[0]}") from exc
         raise
+    timing = Timing.pooled(runs[0])
     flops = attention_flops(p.batch, p.heads, p.seq_len, p.seq_len, p.d_head, p.causal, p.pass_)
     busy = gpu_busy(timing, alone) if alone else None
     return {
@@ -242,16 +275,38 @@ def run(p: Params, ctx) -> dict:
         **error,
         "precision": precision if p.dtype == "fp32" else None,
         "device": device,
-        **(against_metrics(timing, other) if other is not None else {}),
+        **(round_metrics(runs[0]) if p.sustain_ms is not None else {}),
+        **(against_metrics(runs[0], runs[1], sustained=p.sustain_ms is not None) if against is not None else {}),
     }
 
 
-def against_metrics(timing, other) -> dict:
+def round_metrics(rounds: list, prefix: str = "") -> dict:
+    """Per round of a sustained cell: its median (`round_median_ms`), its number of samples
+    (`round_samples`, so the pooled `samples_ms` split back into rounds) and its drift, the median of
+    its last quarter of samples over its first (`round_drift`; above 1: the calls slowed as it ran)."""
+    from worker.stats import drift
+
+    return {f"{prefix}round_median_ms": [t.median_ms for t in rounds],
+            f"{prefix}round_samples": [t.samples for t in rounds],
+            f"{prefix}round_drift": [drift(t.samples_ms) for t in rounds]}
+
+
+def against_metrics(runs: list, other_runs: list, sustained: bool = False) -> dict:
     """The `against` implementation's figures (`against_median_ms`, its samples, ...) and impl's speed-up
     over it, `speedup_vs_against` = median(against) / median(impl), above 1 when impl is faster, with a
-    95 % bootstrap interval (`_low`, `_high`; worker.stats.ratio_interval), from samples taken in turns."""
-    from worker.stats import ratio_interval
+    95 % bootstrap interval (`_low`, `_high`). From samples taken in turns (one run each) the interval is
+    worker.stats.ratio_interval's. From `sustained` rounds (one Timing each) it resamples rounds, then
+    samples within them (grouped_ratio_interval), and each round's own ratio is kept
+    (`speedup_vs_against_rounds`)."""
+    from worker.harness import Timing
+    from worker.stats import grouped_ratio_interval, ratio_interval
 
-    speedup, low, high = ratio_interval(timing.samples_ms, other.samples_ms)
-    return {**other.as_dict("against_"), "speedup_vs_against": speedup, "speedup_vs_against_low": low,
-            "speedup_vs_against_high": high}
+    timing, other = Timing.pooled(runs), Timing.pooled(other_runs)
+    out = other.as_dict("against_")
+    if not sustained:
+        speedup, low, high = ratio_interval(timing.samples_ms, other.samples_ms)
+    else:
+        speedup, low, high = grouped_ratio_interval([t.samples_ms for t in runs], [t.samples_ms for t in other_runs])
+        out |= round_metrics(other_runs, "against_")
+        out["speedup_vs_against_rounds"] = [o.median_ms / t.median_ms for t, o in zip(runs, other_runs, strict=True)]
+    return {**out, "speedup_vs_against": speedup, "speedup_vs_against_low": low, "speedup_vs_against_high": high}
