@@ -257,3 +257,43 @@ def test_an_impl_timed_in_turns_against_two_shows_the_median_of_its_cells_and_no
     text = table(rows, "bf16")
     assert "| flash_triton / sdpa_flash |" not in text  # 0.45 against 0.60 would mix two cells
     assert "1.50x (1.49-1.51)" in text and "1.04x (1.03-1.05)" in text
+
+
+def test_sustained_cells_are_their_own_column_and_decide_the_goals_over_cells_in_turns(tmp_path, capsys):
+    import json
+
+    from benchmarks.summarize_attention import load, main, table
+
+    def cell(i, shape, speedup, low, high, sustain_ms=None):
+        b, h, n, d = shape
+        params = {"impl": "flash_triton", "against": "sdpa_cudnn", "batch": b, "heads": h, "seq_len": n,
+                  "d_head": d, "causal": True, "dtype": "bf16", "pass": "fwd_bwd", "sustain_ms": sustain_ms}
+        metrics = {"median_ms": 4.4, "p20_ms": 4.3, "p80_ms": 4.5, "tflops": 400.0, "samples": 30,
+                   "against_median_ms": 4.4 * speedup, "against_p20_ms": 4.3, "against_p80_ms": 4.5,
+                   "speedup_vs_against": speedup, "speedup_vs_against_low": low, "speedup_vs_against_high": high}
+        return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
+
+    path = tmp_path / "both.jsonl"
+    # in turns the kernel reads faster than cuDNN on both shapes; sustained, slower on both
+    path.write_text("\n".join([cell(0, (1, 16, 8192, 64), 1.03, 1.01, 1.05),
+                               cell(1, (1, 16, 8192, 64), 0.97, 0.95, 0.99, sustain_ms=1000),
+                               cell(2, (16, 1, 16384, 64), 1.02, 1.01, 1.03),
+                               cell(3, (16, 1, 16384, 64), 0.98, 0.96, 1.00, sustain_ms=1000)]))
+    rows = load(path)[1]
+    out = "\n".join(goals(rows))
+    assert "0.97x to 0.98x cuDNN (goal >= 1.0x on every shape: not met, below on 2; sustained (2 shapes, 95 % " \
+           "intervals): faster on 0, slower on 1, not resolved on 1)" in out
+    assert "as this suite times it: not met; sustained 0.98x cuDNN's speed (95 % CI 0.96-1.00))" in out
+    assert "power-limited clock" not in out  # every comparison with cuDNN was also timed sustained
+    text = table(rows, "bf16")
+    assert "flash_triton / sdpa_cudnn in turns (95 % CI)" in text
+    assert "flash_triton / sdpa_cudnn sustained (95 % CI)" in text
+    line = next(x for x in text.splitlines() if "(1, 16, 8192, 64)" in x)
+    assert "1.03x (1.01-1.05)" in line and "0.97x (0.95-0.99)" in line
+    only_turns = [dict(r) for r in rows]
+    for r in only_turns:
+        r.pop("fwd_bwd_sustained_vs_sdpa_cudnn", None)
+    assert "power-limited clock" in "\n".join(goals(only_turns))
+    assert main([str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "sustained cells: each implementation alone, its calls back to back for 1000 ms a round" in printed
