@@ -191,11 +191,15 @@ def attention_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
         facet_lines(flat, "seq_len", "peak_mem_bytes", series, facets, "Peak memory vs sequence length", "MiB",
                     log_y=True, scale=1 / 2**20, marks_alone=False, colors=colors),
     ]
-    against = sorted({str(r["against"]) for r in flat if r.get("against") and "speedup_vs_against" in r})
-    if against:  # cells that timed a second implementation in turns with impl
-        name = against[0] if len(against) == 1 else "the implementation timed in turns (against)"
+    paired = [r for r in flat if r.get("against") and "speedup_vs_against" in r]
+    against = sorted({str(r["against"]) for r in paired})
+    if against:  # cells that timed a second implementation with impl: in turns, or each alone (sustain_ms)
+        sustained = {bool(r.get("sustain_ms")) for r in paired}
+        how = {frozenset({False}): "timed in turns", frozenset({True}): "each timed alone (sustained)"}.get(
+            frozenset(sustained), "timed in turns or alone (sustain_ms)")
+        name = against[0] if len(against) == 1 else "the implementation timed with it (against)"
         figs.append(facet_lines(flat, "seq_len", "speedup_vs_against", series, facets,
-                                f"Speed-up over {name}, timed in turns", "x faster (95 % interval)", colors=colors))
+                                f"Speed-up over {name}, {how}", "x faster (95 % interval)", colors=colors))
     if any(r.get("impl") == "naive" for r in flat) and len({r.get("impl") for r in flat}) > 1:
         sp = ratio_rows(flat, "impl", "naive")
         if sp:

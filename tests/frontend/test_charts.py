@@ -103,8 +103,9 @@ def test_attention_latency_draws_a_host_bound_cell_hollow_and_says_why():
 
 
 def test_cells_timed_in_turns_chart_the_speed_up_with_its_interval():
-    def row(seq, against, speedup):
-        return {"params": {"impl": "flash_triton", "against": against, "seq_len": seq}, "state": "done",
+    def row(seq, against, speedup, sustain_ms=None):
+        return {"params": {"impl": "flash_triton", "against": against, "seq_len": seq, "sustain_ms": sustain_ms},
+                "state": "done",
                 "job_id": seq, "error": None,
                 "metrics": {"median_ms": 1.0, "p20_ms": 1.0, "p80_ms": 1.0, "tflops": 1.0, "against_median_ms": speedup,
                             "speedup_vs_against": speedup, "speedup_vs_against_low": speedup - 0.1,
@@ -121,6 +122,11 @@ def test_cells_timed_in_turns_chart_the_speed_up_with_its_interval():
     assert sorted(t["name"] for t in chart["data"]) == ["against=sdpa_cudnn", "against=sdpa_flash"]
     plain = sweep_figures("attention", [row(128, None, 1.0)])  # no cell timed in turns: no such chart
     assert not any("timed in turns" in f["layout"]["title"]["text"] for f in plain)
+    titles = [f["layout"]["title"]["text"] for f in sweep_figures("attention", [row(128, "sdpa_cudnn", 0.97, 1000)])]
+    assert "Speed-up over sdpa_cudnn, each timed alone (sustained)" in titles
+    mixed = sweep_figures("attention", [row(128, "sdpa_cudnn", 0.97, 1000), row(128, "sdpa_cudnn", 1.02)])
+    titles = [f["layout"]["title"]["text"] for f in mixed]
+    assert "Speed-up over sdpa_cudnn, timed in turns or alone (sustain_ms)" in titles
 
 
 def test_a_memory_chart_with_no_measured_cell_is_left_out_but_failures_still_show_on_latency():
