@@ -24,6 +24,9 @@
 #                with cuDNN, at seq >= 4096 and on the leaderboard shape
 #   timing       (named only) the harness on CUDA: every GPU test of tests/worker, then cells timed back to back
 #                through worker.harness.measure (attention without `against`, the model suite's training step)
+#   suite-sustained (named only) benchmarks/specs/attention_sustained.yaml: the attention suite's sustained timing
+#                (sustain_ms 1000, three rounds): flash_triton and cuDNN each alone, as do_bench times them, at
+#                seq >= 2048 and on the leaderboard shape; about 5 minutes on an H100
 #   sustained    (named only) the 16k-token grid's shapes of seq >= 2048 and the leaderboard shape under do_bench
 #                (rep 100 ms, its default), flash_triton in turns with SDPA flash and cuDNN, three rounds
 #                (benchmarks.flash_sustained); sustained-long the same at rep 1000 ms, where the chip reaches its
@@ -42,7 +45,7 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" make install PYTHON="$py" EXTRAS= > "$out/install.log" 2>&1 || { tail "$out/install.log"; exit 1; }
 "$py" -m pip install -q --no-index --find-links "$wh" pytest >> "$out/install.log" 2>&1
-spec_in_turns() {  # NAME SPEC: run an attention spec timed in turns into $out/NAME.jsonl, then its summary
+attention_spec() {  # NAME SPEC: run an attention spec into $out/NAME.jsonl, then its summary
   timeout 560 "$py" -m backend.cli run --spec "$2" --out "$out/$1.jsonl" > "$out/$1.log" 2>&1
   echo "$1 rc=$?"
   "$py" -m benchmarks.summarize_attention "$out/$1.jsonl" > "$out/$1.md" 2>&1; tail -n 32 "$out/$1.md"
@@ -88,9 +91,9 @@ for stage in $stages; do
       echo "small grid rc=$?"
       "$py" -m benchmarks.summarize_attention "$out/attention_small_hostbound.jsonl" \
         > "$out/attention_small_hostbound.md" 2>&1; tail -n 20 "$out/attention_small_hostbound.md" ;;
-    small-turns) spec_in_turns attention_small_turns benchmarks/specs/attention_small_turns.yaml ;;
-    main-turns) spec_in_turns attention_main_turns benchmarks/specs/attention_vs_sdpa_turns.yaml ;;
-    passes-turns) spec_in_turns attention_passes_turns benchmarks/specs/attention_passes_turns.yaml ;;
+    small-turns) attention_spec attention_small_turns benchmarks/specs/attention_small_turns.yaml ;;
+    main-turns) attention_spec attention_main_turns benchmarks/specs/attention_vs_sdpa_turns.yaml ;;
+    passes-turns) attention_spec attention_passes_turns benchmarks/specs/attention_passes_turns.yaml ;;
     timing)
       timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$out/gpu_tests_worker.log" 2>&1
       echo "worker gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_worker.log"
@@ -101,12 +104,13 @@ for stage in $stages; do
       timeout 200 "$py" -m backend.cli run model --out "$out/model_measure.jsonl" -p size=small -p precision=bf16 \
         -p device=cuda -p attention=flash_triton,sdpa -p optimizer=torch_fused > "$out/model_measure.log" 2>&1
       echo "model rc=$?"; tail -n 7 "$out/model_measure.log" ;;
+    suite-sustained) attention_spec attention_suite_sustained benchmarks/specs/attention_sustained.yaml ;;
     sustained) sustained_grid attention_sustained_rep100 100 ;;
     sustained-long) sustained_grid attention_sustained_rep1000 1000 ;;
     course)
       timeout 300 "$py" -m benchmarks.flash_host_time --leaderboard-only --rounds 2 --leaderboard-rep-ms 1000 \
         --out "$out/lb_course.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/lb_course.log" 2>&1
       echo "leaderboard as the course times it rc=$?"; tail -n 8 "$out/lb_course.log" | cut -c1-400 ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, sustained, sustained-long, course)"; exit 2 ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, suite-sustained, sustained, sustained-long, course)"; exit 2 ;;
   esac
 done
