@@ -209,20 +209,24 @@ def test_cells_timed_in_turns_give_the_speed_up_with_its_interval_and_decide_the
     assert "flash_triton / sdpa_flash in turns (95 % CI)" in table(rows, "bf16")
 
 
-def test_the_cudnn_goal_and_the_leaderboard_say_what_the_intervals_in_turns_resolve(tmp_path):
+def cudnn_cell(i, shape, speedup, low, high, sustain_ms=None) -> str:
+    """A run file's line: flash_triton timed with `against` sdpa_cudnn on a causal bf16 shape, in turns or
+    (with sustain_ms) sustained, with the given speed-up and interval."""
     import json
 
+    b, h, n, d = shape
+    params = {"impl": "flash_triton", "against": "sdpa_cudnn", "batch": b, "heads": h, "seq_len": n,
+              "d_head": d, "causal": True, "dtype": "bf16", "pass": "fwd_bwd", "sustain_ms": sustain_ms}
+    metrics = {"median_ms": 4.4, "p20_ms": 4.3, "p80_ms": 4.5, "tflops": 400.0, "samples": 30,
+               "against_median_ms": 4.4 * speedup, "against_p20_ms": 4.3, "against_p80_ms": 4.5,
+               "speedup_vs_against": speedup, "speedup_vs_against_low": low, "speedup_vs_against_high": high}
+    return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
+
+
+def test_the_cudnn_goal_and_the_leaderboard_say_what_the_intervals_in_turns_resolve(tmp_path):
     from benchmarks.summarize_attention import load
 
-    def cell(i, shape, speedup, low, high):
-        b, h, n, d = shape
-        params = {"impl": "flash_triton", "against": "sdpa_cudnn", "batch": b, "heads": h, "seq_len": n,
-                  "d_head": d, "causal": True, "dtype": "bf16", "pass": "fwd_bwd"}
-        metrics = {"median_ms": 4.4, "p20_ms": 4.3, "p80_ms": 4.5, "tflops": 400.0, "samples": 30,
-                   "against_median_ms": 4.4 * speedup, "against_p20_ms": 4.3, "against_p80_ms": 4.5,
-                   "speedup_vs_against": speedup, "speedup_vs_against_low": low, "speedup_vs_against_high": high}
-        return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
-
+    cell = cudnn_cell
     path = tmp_path / "turns.jsonl"
     path.write_text("\n".join([cell(0, (1, 16, 4096, 64), 0.98, 0.96, 1.01),
                                cell(1, (1, 16, 8192, 64), 0.90, 0.88, 0.92),
@@ -260,18 +264,9 @@ def test_an_impl_timed_in_turns_against_two_shows_the_median_of_its_cells_and_no
 
 
 def test_sustained_cells_are_their_own_column_and_decide_the_goals_over_cells_in_turns(tmp_path, capsys):
-    import json
-
     from benchmarks.summarize_attention import load, main, table
 
-    def cell(i, shape, speedup, low, high, sustain_ms=None):
-        b, h, n, d = shape
-        params = {"impl": "flash_triton", "against": "sdpa_cudnn", "batch": b, "heads": h, "seq_len": n,
-                  "d_head": d, "causal": True, "dtype": "bf16", "pass": "fwd_bwd", "sustain_ms": sustain_ms}
-        metrics = {"median_ms": 4.4, "p20_ms": 4.3, "p80_ms": 4.5, "tflops": 400.0, "samples": 30,
-                   "against_median_ms": 4.4 * speedup, "against_p20_ms": 4.3, "against_p80_ms": 4.5,
-                   "speedup_vs_against": speedup, "speedup_vs_against_low": low, "speedup_vs_against_high": high}
-        return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
+    cell = cudnn_cell
 
     path = tmp_path / "both.jsonl"
     # in turns the kernel reads faster than cuDNN on both shapes; sustained, slower on both
