@@ -195,8 +195,8 @@ def attention_figures(rows: list[dict[str, Any]]) -> list[go.Figure]:
     against = sorted({str(r["against"]) for r in paired})
     if against:  # cells that timed a second implementation with impl: in turns, or each alone (sustain_ms)
         sustained = {bool(r.get("sustain_ms")) for r in paired}
-        how = {frozenset({False}): "timed in turns", frozenset({True}): "each timed alone (sustained)"}.get(
-            frozenset(sustained), "timed in turns or alone (sustain_ms)")
+        how = ("timed in turns or alone (sustain_ms)" if len(sustained) > 1
+               else "each timed alone (sustained)" if True in sustained else "timed in turns")
         name = against[0] if len(against) == 1 else "the implementation timed with it (against)"
         figs.append(facet_lines(flat, "seq_len", "speedup_vs_against", series, facets,
                                 f"Speed-up over {name}, {how}", "x faster (95 % interval)", colors=colors))

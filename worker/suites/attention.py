@@ -248,12 +248,13 @@ def run(p: Params, ctx) -> dict:
     needs_grad = p.pass_ != "fwd"
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, generator=gen).requires_grad_(needs_grad)
                for _ in range(3))
+    sustained, rounds = p.sustain_ms is not None, p.rounds or DEFAULT_ROUNDS
     try:
-        if p.sustain_ms is not None:
-            ctx.progress(f"{p.rounds or DEFAULT_ROUNDS} rounds of {p.sustain_ms:g} ms per implementation")
+        if sustained:
+            ctx.progress(f"{rounds} rounds of {p.sustain_ms:g} ms per implementation")
         runs, alone, peak_extra = time_attention(fn, q, k, v, p.causal, p.pass_, warmup=p.warmup,
                                                  repeats=p.repeats, device=device, against=against,
-                                                 sustain_ms=p.sustain_ms, rounds=p.rounds or DEFAULT_ROUNDS)
+                                                 sustain_ms=p.sustain_ms, rounds=rounds)
         error = output_error(fn, q, k, v, p.causal)
     except RuntimeError as exc:
         if "No available kernel" in str(exc) or "not supported" in str(exc).lower():
@@ -275,8 +276,8 @@ def run(p: Params, ctx) -> dict:
         **error,
         "precision": precision if p.dtype == "fp32" else None,
         "device": device,
-        **(round_metrics(runs[0]) if p.sustain_ms is not None else {}),
-        **(against_metrics(runs[0], runs[1], sustained=p.sustain_ms is not None) if against is not None else {}),
+        **(round_metrics(runs[0]) if sustained else {}),
+        **(against_metrics(runs[0], runs[1], sustained=sustained) if against is not None else {}),
     }
 
 
