@@ -67,7 +67,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
 
 
 BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv")
-INT_OPTIONS = ("head_group",)
+INT_OPTIONS = ("head_group", "bwd_head_group")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 

@@ -25,9 +25,10 @@ one (3, ...) leaf as the test makes them (--leaderboard-inputs leaves: three lea
 triton.testing.do_bench of `o = attn(q, k, v, True); o.sum().backward()` with the flash apply wrapped
 in torch.compile (and eager), beside SDPA's cuDNN and flash backends, rounds alternated. --leaderboard-profile N
 lists every GPU kernel of that step per implementation (device time per step over N profiled steps).
---leaderboard-variant NAME:KERNEL=BM,BN,WARPS,STAGES[+...] joins the rotation with the eager apply and those
-kernels pinned: which tiles win under the course's sustained load,
-where the chip runs at its power limit, rather than in the autotuner's short bursts.
+--leaderboard-variant NAME:ITEM[+ITEM...] joins the rotation with the eager apply and those kernels pinned
+(KERNEL=BM,BN,WARPS,STAGES) or LaunchOptions set (head_group=1, bwd_head_group=8): which tiles and grid
+orders win under the course's sustained load, where the chip runs at its power limit, rather than in
+the autotuner's short bursts.
 """
 from __future__ import annotations
 
@@ -224,18 +225,25 @@ def leaderboard_inputs(form: str):
                  for _ in range(3))
 
 
-def parse_leaderboard_variant(text: str) -> tuple[str, dict[str, tuple[int, ...]]]:
-    """"big:fwd=256,64,8,3+dq=256,64,8,3" -> ("big", {"fwd": (256, 64, 8, 3), "dq": (256, 64, 8, 3)}):
-    a name and the kernels it pins (flash_ab's KERNEL=BM,BN,WARPS,STAGES[,MAXNREG], joined by '+')."""
-    from benchmarks.flash_ab import parse_pin
+def parse_leaderboard_variant(text: str) -> tuple[str, dict]:
+    """"big:fwd=256,64,8,3+dq=256,64,8,3+bwd_head_group=1" -> ("big", {"pinned": {"fwd": (256, 64, 8, 3),
+    "dq": (256, 64, 8, 3)}, "bwd_head_group": 1}): a name and that version's LaunchOptions, joined by '+':
+    kernels pinned as flash_ab's KERNEL=BM,BN,WARPS,STAGES[,MAXNREG], and flash_ab's options (head_group=4)."""
+    from benchmarks.flash_ab import parse_options, parse_pin
+    from kernels.names import FLASH_KERNELS
 
-    name, colon, pins = text.partition(":")
-    if not colon or not name.isidentifier() or name.startswith(("flash_triton", "sdpa")) or not pins:
+    name, colon, items = text.partition(":")
+    if not colon or not name.isidentifier() or name.startswith(("flash_triton", "sdpa")) or not items:
         raise argparse.ArgumentTypeError(
-            f"variant {text!r}: want NAME:KERNEL=BM,BN,WARPS,STAGES[+...], "
+            f"variant {text!r}: want NAME:ITEM[+ITEM...], each ITEM KERNEL=BM,BN,WARPS,STAGES or OPTION=VALUE, "
             "NAME a word not starting flash_triton or sdpa")
-    pinned = dict(parse_pin(pin) for pin in pins.split("+"))
-    return name, pinned
+    options: dict = {"pinned": {}}
+    for item in items.split("+"):
+        if item.partition("=")[0] in FLASH_KERNELS:
+            options["pinned"].update([parse_pin(item)])
+        else:
+            options.update(parse_options(item))
+    return name, options
 
 
 def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dict:
@@ -254,8 +262,8 @@ def leaderboard_steps(form: str, variants: dict[str, dict] | None = None) -> dic
     impls = {"flash_triton_compiled": torch.compile(FlashAttentionTriton.apply),
              "flash_triton_eager": FlashAttentionTriton.apply,
              "sdpa_cudnn": get_attention("sdpa_cudnn"), "sdpa_flash": get_attention("sdpa_flash")}
-    for name, pins in (variants or {}).items():
-        options = launch_options(flash_triton, {"pinned": pins})
+    for name, variant in (variants or {}).items():
+        options = launch_options(flash_triton, variant)
         impls[name] = lambda q, k, v, causal, options=options: FlashAttentionTriton.apply(q, k, v, causal, "tf32",
                                                                                            options)
 
@@ -618,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaderboard-inputs", choices=LEADERBOARD_INPUTS, default="course",
                     help="q, k, v as the course's test makes them (views of one leaf) or as three leaves")
     ap.add_argument("--leaderboard-variant", action="append", type=parse_leaderboard_variant, default=[],
-                    metavar="NAME:KERNEL=BM,BN,WARPS,STAGES[,MAXNREG][+...]",
-                    help="also time the eager apply with these kernels pinned")
+                    metavar="NAME:KERNEL=BM,BN,WARPS,STAGES[,MAXNREG]|OPTION=VALUE[+...]",
+                    help="also time the eager apply with these kernels pinned and options set")
     ap.add_argument("--leaderboard-profile", type=int, default=0, metavar="N",
                     help="also list every GPU kernel of the leaderboard step, per implementation, over N steps")
     ap.add_argument("--parts", action="store_true",

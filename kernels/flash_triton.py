@@ -666,6 +666,9 @@ class LaunchOptions:
                 (much faster cold starts, e.g. for a test matrix of many shapes)
     head_group  grid order: how many (z, h) pairs interleave their tiles (see _program_ids; 1 is
                 head-major, batch x heads or more tile-major); None picks per call (_head_group)
+    bwd_head_group
+                the backward kernels' grid order where it should differ from the forward's; None
+                takes head_group's
     tma         the kernels stream tiles through tensor descriptors (the copy engine, sm_90+) where a
                 tensor qualifies (_tma_ready): K and V in the dQ kernel and, at d in TMA_FWD_HEAD_DIMS,
                 in the forward; Q and dO in dK/dV. False keeps pointer loads
@@ -681,6 +684,7 @@ class LaunchOptions:
 
     autotune: bool = True
     head_group: int | None = None
+    bwd_head_group: int | None = None
     tma: bool = True
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     gluon_dkdv: bool = True
@@ -688,9 +692,10 @@ class LaunchOptions:
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
-        if self.head_group is not None and (isinstance(self.head_group, bool) or not isinstance(self.head_group, int)
-                                            or self.head_group < 1):
-            raise ValueError(f"head_group must be a positive integer or None, got {self.head_group!r}")
+        for name in ("head_group", "bwd_head_group"):
+            g = getattr(self, name)
+            if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {g!r}")
         work = self.copy_grad_min_work
         if isinstance(work, bool) or not isinstance(work, int) or work < 0:
             raise ValueError(f"copy_grad_min_work must be a non-negative integer, got {work!r}")
@@ -698,7 +703,8 @@ class LaunchOptions:
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
-        object.__setattr__(self, "key", (self.autotune, self.head_group, self.tma, pinned, self.gluon_dkdv, work))
+        object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
+                                         self.gluon_dkdv, work))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -1096,7 +1102,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     is_causal = bool(is_causal)
     Z, H = q4.shape[0], q4.shape[1]
     sm_scale = 1.0 / math.sqrt(d)
-    group = _head_group(is_causal, Z * H, options.head_group)
+    group = _head_group(is_causal, Z * H,
+                        options.head_group if options.bwd_head_group is None else options.bwd_head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
 
     # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads

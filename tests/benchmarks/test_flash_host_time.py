@@ -71,7 +71,7 @@ def test_the_profile_sets_only_the_l2_flush_apart():
     assert not _is_flush("_bwd_dq_kernel")
 
 
-def test_a_leaderboard_variant_names_its_pins_and_rejects_a_bad_one():
+def test_a_leaderboard_variant_names_its_pins_and_options_and_rejects_a_bad_one():
     import argparse
 
     import pytest
@@ -79,9 +79,11 @@ def test_a_leaderboard_variant_names_its_pins_and_rejects_a_bad_one():
     from benchmarks.flash_host_time import parse_leaderboard_variant
 
     assert parse_leaderboard_variant("big:fwd=256,64,8,3+dkdv=32,128,8,3,128") == (
-        "big", {"fwd": (256, 64, 8, 3), "dkdv": (32, 128, 8, 3, 128)})
+        "big", {"pinned": {"fwd": (256, 64, 8, 3), "dkdv": (32, 128, 8, 3, 128)}})
+    assert parse_leaderboard_variant("g:head_group=16+bwd_head_group=1+dq=128,64,4,3") == (
+        "g", {"pinned": {"dq": (128, 64, 4, 3)}, "head_group": 16, "bwd_head_group": 1})
     for bad in ("big", "big:", "sdpa_x:fwd=128,64,4,3", "flash_triton_eager:fwd=128,64,4,3",
-                "big:fwd=128,64", "big:attn=128,64,4,3"):
+                "big:fwd=128,64", "big:attn=128,64,4,3", "g:head_group=0", "g:bwd_head_group=x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_leaderboard_variant(bad)
 

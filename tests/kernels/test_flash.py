@@ -178,12 +178,12 @@ def test_bad_inputs_are_named(bad, msg):
 @pytest.mark.parametrize("causal", [False, True])
 def test_grid_order_does_not_change_results(causal):
     # head-major, grouped and tile-major grids visit the same tiles: every output and gradient is
-    # bit-identical (2 x 3 pairs: groups of 1, 2, 3 and all 6)
+    # bit-identical (2 x 3 pairs: groups of 1, 2, 3 and all 6, and the backward's order apart)
     import kernels.flash_triton as ft
 
     q, k, v, do = _inputs((2, 3, 45, 16), (2, 3, 45, 16))
-    results = [_run(with_options(ft.LaunchOptions(head_group=g)), q, k, v, do, causal, torch.float32)
-               for g in (1, 2, 3, 6)]
+    results = [_run(with_options(ft.LaunchOptions(head_group=g, bwd_head_group=b)), q, k, v, do, causal,
+                    torch.float32) for g, b in ((1, None), (2, None), (3, None), (6, None), (6, 1))]
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
@@ -221,12 +221,28 @@ def test_grid_order_policy():
     assert ft._divisors(12) == [1, 2, 3, 4, 6, 12] and ft._divisors(1) == [1] and ft._divisors(49) == [1, 7, 49]
 
 
+@pytest.mark.parametrize("name", ["head_group", "bwd_head_group"])
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
-def test_a_bad_head_group_is_named(bad):
+def test_a_bad_head_group_is_named(name, bad):
     import kernels.flash_triton as ft
 
-    with pytest.raises(ValueError, match="head_group must be a positive integer"):
-        ft.LaunchOptions(head_group=bad)
+    with pytest.raises(ValueError, match=f"^{name} must be a positive integer"):
+        ft.LaunchOptions(**{name: bad})
+
+
+@pytest.mark.parametrize("bwd, want", [(None, 2), (3, 3)])
+def test_the_backward_takes_its_own_grid_order_when_given_one(monkeypatch, bwd, want):
+    # (2, 3) pairs, causal: the forward's grid groups head_group=2 pairs; the dQ and dK/dV grids
+    # bwd_head_group's where set, else the same 2
+    import kernels.flash_triton as ft
+
+    seen = []
+    grid = ft._grid
+    monkeypatch.setattr(ft, "_grid", lambda n, block, zh, group: seen.append(group) or grid(n, block, zh, group))
+    ft.clear_launch_plans()
+    q, k, v, do = _inputs((2, 3, 40, 16), (2, 3, 40, 16))
+    _run(with_options(ft.LaunchOptions(head_group=2, bwd_head_group=bwd)), q, k, v, do, True, torch.float32)
+    assert seen == [2, want, want]  # forward, dQ, dK/dV
 
 
 def test_a_sequence_longer_than_the_grid_holds_is_refused():
