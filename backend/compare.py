@@ -8,7 +8,9 @@ positive finite ones):
   each side with replacement (seeded), the ratio of the two medians each time. When both sides hold
   MIN_RUNS_FOR_GROUPED or more runs (repeats) of the cell, the draws are two-level: runs, then
   samples within them (`interval_over: runs`), so run-to-run drift (clocks, a host-bound cell's
-  host) widens the interval instead of passing for a difference;
+  host) widens the interval instead of passing for a difference. A sustained attention cell
+  (`sustain_ms`) counts each of its rounds as a run (`round_samples` splits its samples), since the
+  chip's clock moves between rounds: three rounds are enough for the two-level draws;
 - a two-sided Mann-Whitney U p-value (normal approximation with tie correction);
 - a verdict against a relative threshold t (default 5 %):
   `slower` when the whole interval lies above 1 + t, `faster` when it lies below 1 - t,
@@ -56,9 +58,8 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
                                                        "host_bound": []})
         c["states"].append(r["state"])
         metrics = r["metrics"] or {}
-        run = timings(metrics.get("samples_ms"))
-        c["samples"] += run
-        if run:
+        for run in _runs(metrics):
+            c["samples"] += run
             c["groups"].append(run)
             c["host_bound"].append(metrics.get("host_bound") is True)
         if (median := positive(metrics.get("median_ms"))) is not None:
@@ -66,6 +67,18 @@ def cells_by_params(rows: list[dict[str, Any]], ignore: set[str]) -> dict[str, d
         if r.get("env_id"):
             c["env_ids"].add(r["env_id"])
     return out
+
+
+def _runs(metrics: dict[str, Any]) -> list[list[float]]:
+    """A row's timed runs, each its usable samples: one, or a sustained cell's rounds where its
+    `round_samples` (the number each round took, in order) account for every stored sample."""
+    raw, counts = metrics.get("samples_ms"), metrics.get("round_samples")
+    parts = [raw]
+    if (isinstance(raw, list) and isinstance(counts, list) and len(counts) > 1
+            and all(type(n) is int and n > 0 for n in counts) and sum(counts) == len(raw)):
+        ends = np.cumsum(counts)
+        parts = [raw[end - n:end] for n, end in zip(counts, ends.tolist(), strict=True)]
+    return [run for run in map(timings, parts) if run]
 
 
 def _host_bound(cell: dict[str, Any]) -> bool:

@@ -133,6 +133,28 @@ def test_compare_resamples_runs_from_three_repeats():
     assert compare(rows(2), rows(3), {})["cells"][0]["interval_over"] == "samples"
 
 
+def test_a_sustained_cells_rounds_are_its_runs():
+    # one row a side, three rounds each: each round sits at its own clock (offsets of 6 %), with
+    # little noise within it. Its rounds are resampled as runs, so the offsets widen the interval
+    rng = np.random.default_rng(7)
+
+    def row(offsets, n=30, round_samples=True):
+        samples = [x for off in offsets for x in rng.normal(10 * off, 0.02, n)]
+        counts = {"round_samples": [n] * len(offsets)} if round_samples else {}
+        return [{"params": {"x": 1}, "state": "done", "env_id": None, "metrics": {"samples_ms": samples, **counts}}]
+
+    a, b = row([0.94, 1.0, 1.06]), row([1.0, 1.06, 0.94])
+    cell = compare(a, b, {})["cells"][0]
+    assert cell["interval_over"] == "runs" and cell["a"]["n"] == 90
+    assert cell["ci_low"] < 0.97 and cell["ci_high"] > 1.03  # the rounds' spread, not the samples' noise
+    pooled = compare(row([0.94, 1.0, 1.06], round_samples=False), row([1.0, 1.06, 0.94], round_samples=False), {})
+    assert pooled["cells"][0]["interval_over"] == "samples"
+    # counts that do not account for every sample are not trusted: the row is one run
+    bad = row([1.0, 1.0, 1.0])
+    bad[0]["metrics"]["round_samples"] = [30, 30, 29]
+    assert compare(bad, row([1.0, 1.0, 1.0]), {})["cells"][0]["interval_over"] == "samples"
+
+
 def test_cells_whose_stored_samples_are_not_all_usable_times_compare_on_the_rest():
     # a sample stored as null (a NaN on the way in), a zero, a bare number or text where a list belongs:
     # the comparison and history read the usable times instead of failing on the whole sweep
