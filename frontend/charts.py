@@ -37,12 +37,13 @@ def pool_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     `runs` (how many) and `runs_range` ({metric: [lowest, highest]}); the rest (lists, dicts) comes from
     the run of median `median_ms`. Such a cell is host-bound when at least half of its runs were. A run
     that did not finish stays a row of its own, so the charts still mark it. Rows of cells run once
-    are returned as they are. Cells are told apart by `cell`, else by their params.
+    are returned as they are. Cells are told apart by `cell` and their params together, so the cells
+    of several sweeps' files read as one (each numbering its cells from 0) stay apart.
     """
     out, by_cell = [], {}
     for r in rows:
         if r.get("state") == "done" and r.get("metrics"):
-            key = r["cell"] if r.get("cell") is not None else json.dumps(r.get("params"), sort_keys=True)
+            key = json.dumps([r.get("cell"), r.get("params")], sort_keys=True)
             by_cell.setdefault(key, []).append(r)
         else:
             out.append(r)

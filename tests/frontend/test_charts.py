@@ -173,6 +173,9 @@ def test_pool_runs_gives_a_cell_the_medians_of_its_finished_runs_and_keeps_the_r
     assert [r["state"] for r in pooled if r["cell"] == 0].count("oom") == 1  # the failed run stays, marked
     assert next(r for r in pooled if r["cell"] == 1) == rows[4]  # a cell run once is left as it is
     assert pool_runs(rows[4:]) == rows[4:]
+    # two sweeps' files read as one, each numbering its cells from 0: other params, other cells
+    other_sweep = [_run(0, 0, "a", 256, 7.0), _run(0, 0, "b", 64, 9.0)]
+    assert pool_runs(rows[4:] + other_sweep) == rows[4:] + other_sweep
 
 
 def test_a_sweep_with_repeats_draws_one_point_per_cell_with_the_runs_range():
