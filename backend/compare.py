@@ -21,6 +21,7 @@ positive finite ones):
 from __future__ import annotations
 
 import json
+from itertools import accumulate, pairwise
 from typing import Any
 
 import numpy as np
@@ -76,8 +77,8 @@ def _runs(metrics: dict[str, Any]) -> list[list[float]]:
     parts = [raw]
     if (isinstance(raw, list) and isinstance(counts, list) and len(counts) > 1
             and all(type(n) is int and n > 0 for n in counts) and sum(counts) == len(raw)):
-        ends = np.cumsum(counts)
-        parts = [raw[end - n:end] for n, end in zip(counts, ends.tolist(), strict=True)]
+        bounds = [0, *accumulate(counts)]  # each round's first and one-past-last sample
+        parts = [raw[a:b] for a, b in pairwise(bounds)]
     return [run for run in map(timings, parts) if run]
 
 
