@@ -27,6 +27,8 @@
 #   suite-sustained (named only) benchmarks/specs/attention_sustained.yaml: the attention suite's sustained timing
 #                (sustain_ms 1000, three rounds): flash_triton and cuDNN each alone, as do_bench times them, at
 #                seq >= 2048 and on the leaderboard shape; about 5 minutes on an H100
+#   passes-sustained (named only) benchmarks/specs/attention_passes_sustained.yaml: the same timing with the
+#                forward and the backward apart, on the leaderboard shape and at seq 4096 (d 64 and 128)
 #   sustained    (named only) the 16k-token grid's shapes of seq >= 2048 and the leaderboard shape under do_bench
 #                (rep 100 ms, its default), flash_triton in turns with SDPA flash and cuDNN, three rounds
 #                (benchmarks.flash_sustained); sustained-long the same at rep 1000 ms, where the chip reaches its
@@ -94,6 +96,7 @@ for stage in $stages; do
     small-turns) attention_spec attention_small_turns benchmarks/specs/attention_small_turns.yaml ;;
     main-turns) attention_spec attention_main_turns benchmarks/specs/attention_vs_sdpa_turns.yaml ;;
     passes-turns) attention_spec attention_passes_turns benchmarks/specs/attention_passes_turns.yaml ;;
+    passes-sustained) attention_spec attention_passes_sustained benchmarks/specs/attention_passes_sustained.yaml ;;
     timing)
       timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$out/gpu_tests_worker.log" 2>&1
       echo "worker gpu tests rc=$?"; tail -n 3 "$out/gpu_tests_worker.log"
