@@ -15,12 +15,20 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
 `--variant NAME:OPTIONS` adds more versions of this tree to the same rotation: the current version's
 options and pins with OPTIONS on top (their times as NAME_ms, and speedup_vs_NAME: > 1 when the
 current version is faster).
+
+A round gives each version `--repeats` calls back to back, one version after another: short bursts,
+which on a chip at its power limit compare the versions at about one clock. `--sustain-ms MS` times
+them as do_bench and a training loop run them instead: each version alone for MS a round, the first
+rotating (worker.harness.measure_sustained), where a version that spends more energy per call gets a
+lower clock (docs/results/h100/sustained/README.md). A speed-up is then the ratio of the medians of
+the rounds; in bursts, of the best rounds.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -160,6 +168,29 @@ def _sdpa_call(backend: str, which: str, q, k, v, do, causal: bool):
     return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
 
+def time_calls(calls: dict, *, rounds: int, repeats: int, sustain_ms: float | None = None,
+               device: str = "cuda") -> dict[str, list[float]]:
+    """Each callable's median per round, ms: `repeats` calls of each in turn a round, or with `sustain_ms`
+    each alone for that long a round (harness.measure_sustained, the first rotating)."""
+    from worker.harness import measure, measure_sustained
+
+    names = list(calls)
+    if sustain_ms is not None:
+        runs = measure_sustained([calls[n] for n in names], sustain_ms=sustain_ms, rounds=rounds, warmup=3,
+                                 device=device)
+        return {n: [t.median_ms for t in per_round] for n, per_round in zip(names, runs, strict=True)}
+    ms: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(rounds):
+        for n in names:
+            ms[n].append(measure(calls[n], warmup=3, repeats=repeats, device=device).median_ms)
+    return ms
+
+
+def round_stat(ms: list[float], sustained: bool) -> float:
+    """One figure from a version's round medians: their median when sustained, else the best round."""
+    return statistics.median(ms) if sustained else min(ms)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, default=None,
@@ -180,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="SDPA backends to time in the same rotation")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=30, help="calls a version a round (without --sustain-ms)")
+    ap.add_argument("--sustain-ms", type=float, default=None, metavar="MS",
+                    help="time each version alone for MS a round, as do_bench does (the rounds rotate the first)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
@@ -196,20 +229,26 @@ def main(argv: list[str] | None = None) -> int:
         args.baseline_options["pinned"] = dict(args.baseline_pin)
     if len({name for name, _ in args.variant}) < len(args.variant):
         ap.error("two --variant options share a name")
+    if args.rounds < 1 or args.repeats < 1:
+        ap.error("--rounds and --repeats are at least 1")
+    if args.sustain_ms is not None and not args.sustain_ms > 0:
+        ap.error("--sustain-ms must be > 0")
     if args.baseline is None and args.options == args.baseline_options:
         ap.error("nothing to compare: give --baseline FILE, or --options (or --pin) that differ from the baseline's")
 
     import torch
 
     from kernels import flash_triton as current
-    from worker.harness import fingerprint, measure
+    from worker.harness import fingerprint
 
+    sustained = args.sustain_ms is not None
     base = load_module(args.baseline) if args.baseline else current
     label = args.label or (args.baseline.name if args.baseline else "this tree")
     variants = {name: variant_options(args.options, opts) for name, opts in args.variant}
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
               "baseline_options": args.baseline_options, "variants": variants, "sdpa": args.sdpa,
-              "pass": args.which, "grad": args.grad, "rounds": args.rounds, "cells": []}
+              "pass": args.which, "grad": args.grad, "rounds": args.rounds, "sustain_ms": args.sustain_ms,
+              "speedup_of": "median of rounds" if sustained else "best round", "cells": []}
     # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, launch_options(current, args.options)),
                 "baseline": (base, launch_options(base, args.baseline_options) if args.baseline_options else None),
@@ -225,22 +264,20 @@ def main(argv: list[str] | None = None) -> int:
             calls[name] = _call(mod, args.which, q, k, v, do, causal, *saved, options=opts)
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, args.which, q, k, v, do, causal)
-        ms: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                ms[name].append(measure(call, warmup=3, repeats=args.repeats, device="cuda").median_ms)
+        ms = time_calls(calls, rounds=args.rounds, repeats=args.repeats, sustain_ms=args.sustain_ms)
+        stat = {name: round_stat(times, sustained) for name, times in ms.items()}
         out_cur, out_base = calls["current"](), calls["baseline"]()
         out_cur, out_base = (out_cur, out_base) if args.which == "bwd" else (out_cur[:1], out_base[:1])
         cell = {"shape": list(shape), "causal": causal, "current_ms": ms["current"], "baseline_ms": ms["baseline"],
-                "speedup": min(ms["baseline"]) / min(ms["current"]),
+                "speedup": stat["baseline"] / stat["current"],
                 "max_abs_diff": max((a.float() - b.float()).abs().max().item()
                                     for a, b in zip(out_cur, out_base, strict=True))}
         for name in variants:
             cell[f"{name}_ms"] = ms[name]
-            cell[f"speedup_vs_{name}"] = min(ms[name]) / min(ms["current"])
+            cell[f"speedup_vs_{name}"] = stat[name] / stat["current"]
         for backend in args.sdpa:  # > 1: the current version is faster than that backend
             cell[f"sdpa_{backend}_ms"] = ms[f"sdpa_{backend}"]
-            cell[f"speedup_vs_sdpa_{backend}"] = min(ms[f"sdpa_{backend}"]) / min(ms["current"])
+            cell[f"speedup_vs_sdpa_{backend}"] = stat[f"sdpa_{backend}"] / stat["current"]
         record_cell(report, cell, args.out)
     # the tiles each version's autotuner picked, per kernel and key (an older file may not say)
     report["autotuned"] = {name: getattr(mod, "autotuned_configs", dict)() for name, (mod, _) in versions.items()

@@ -14,6 +14,8 @@ from benchmarks.flash_ab import (
     parse_sdpa,
     parse_shape,
     parse_variant,
+    round_stat,
+    time_calls,
     variant_options,
 )
 
@@ -135,3 +137,51 @@ def test_pins_become_the_versions_own_configs_with_their_register_cap():
     assert opts.head_group == 8
     assert opts.pinned["dkdv"].kwargs == {"BLOCK_M": 32, "BLOCK_N": 64} and opts.pinned["dkdv"].maxnreg == 128
     assert opts.pinned["dq"].num_warps == 4 and opts.pinned["dq"].maxnreg is None
+
+
+@pytest.mark.parametrize("sustain_ms", [None, 5.0])
+def test_each_version_gets_one_median_a_round_in_bursts_and_sustained(sustain_ms):
+    """On the CPU's clock: in bursts each callable runs warm-up + repeats calls a round; sustained, as many
+    as fill sustain_ms, at least one timed call after the warm-up and the sizing calls."""
+    from worker.harness import SUSTAIN_ESTIMATE_CALLS
+
+    counts = {"a": 0, "b": 0}
+
+    def call(name):
+        def run():
+            counts[name] += 1
+        return run
+
+    ms = time_calls({"a": call("a"), "b": call("b")}, rounds=2, repeats=4, sustain_ms=sustain_ms, device="cpu")
+    assert set(ms) == {"a", "b"} and all(len(v) == 2 and min(v) >= 0 for v in ms.values())
+    if sustain_ms is None:
+        assert counts == {"a": 2 * (3 + 4), "b": 2 * (3 + 4)}
+    else:
+        assert min(counts.values()) >= 2 * (3 + SUSTAIN_ESTIMATE_CALLS + 1)
+
+
+def test_sustained_rounds_come_back_under_their_versions_names(monkeypatch):
+    """measure_sustained answers per callable in the order given; time_calls must hand each list to its name."""
+    from worker import harness
+
+    def fake(fns, *, sustain_ms, rounds, warmup, device):
+        return [[harness.Timing.from_samples([fn() + r]) for r in range(rounds)] for fn in fns]
+
+    monkeypatch.setattr(harness, "measure_sustained", fake)
+    ms = time_calls({"slow": lambda: 9.0, "fast": lambda: 1.0}, rounds=3, repeats=1, sustain_ms=100.0)
+    assert ms == {"slow": [9.0, 10.0, 11.0], "fast": [1.0, 2.0, 3.0]}
+
+
+def test_a_speedup_takes_the_median_round_when_sustained_and_the_best_in_bursts():
+    assert round_stat([3.0, 1.0, 2.0], sustained=True) == 2.0
+    assert round_stat([3.0, 1.0, 2.0], sustained=False) == 1.0
+
+
+@pytest.mark.parametrize(("args", "msg"), [(["--sustain-ms", "0"], "--sustain-ms must be > 0"),
+                                           (["--rounds", "0"], "at least 1"), (["--repeats", "0"], "at least 1")])
+def test_bad_timing_arguments_are_named(tmp_path, capsys, args, msg):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "x.json"), "--options", "head_group=2", *args])
+    assert exc.value.code == 2
+    assert msg in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
