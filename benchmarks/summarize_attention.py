@@ -28,6 +28,8 @@ from pathlib import Path
 
 from frontend.charts import pool_runs
 
+PASSES = ("fwd", "bwd", "fwd_bwd")
+
 
 def load(path: Path) -> tuple[dict, list[dict]]:
     """(fingerprint, one row per (impl, shape, causal, dtype) with `<pass>_ms`, `_p20_ms`, `_tflops`).
@@ -61,7 +63,8 @@ def load(path: Path) -> tuple[dict, list[dict]]:
             continue
         row.update({f"{pass_}_ms": m["median_ms"], f"{pass_}_p20_ms": m["p20_ms"],
                     f"{pass_}_p80_ms": m["p80_ms"], f"{pass_}_tflops": m.get("tflops"),
-                    f"{pass_}_runs": m.get("runs", 1), "samples": m.get("samples")})
+                    f"{pass_}_runs": m.get("runs", 1), f"{pass_}_samples": m.get("samples"),
+                    "samples": m.get("samples")})
         if (m.get("runs_range") or {}).get("median_ms"):  # the lowest and highest of its runs' medians
             row[f"{pass_}_range_ms"] = m["runs_range"]["median_ms"]
         if p.get("against") and m.get("speedup_vs_against"):
@@ -300,6 +303,15 @@ def goals(rows: list[dict]) -> list[str]:
     return out
 
 
+def sample_counts(rows: list[dict]) -> str:
+    """The timed runs per cell of a file: one number, or the range where cells differ (a sustained cell
+    takes as many as fill its rounds)."""
+    counts = sorted({r[f"{q}_samples"] for r in rows for q in PASSES if r.get(f"{q}_samples")})
+    if not counts:
+        return "?"
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", type=Path, metavar="FILE.jsonl", help="attention results (benchlab run --out)")
@@ -311,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         env, part = load(path)
         rows += part
-        runs = max((r.get(f"{q}_runs", 1) for r in part for q in ("fwd", "bwd", "fwd_bwd")), default=1)
+        runs = max((r.get(f"{q}_runs", 1) for r in part for q in PASSES), default=1)
         sustained = ", ".join(sorted({f"{r['sustain_ms']:g}" for r in part if r.get("sustain_ms")}))
         print(f"- `{path}`: {env.get('gpu_name')} (x{env.get('gpu_count')}), torch {env.get('torch')}, "
               f"triton {env.get('triton')}, driver {env.get('driver')}, commit {env.get('git_commit')}; "
-              f"median of {part[0].get('samples') if part else '?'} timed runs after warm-up, L2 flushed between runs"
+              f"median of {sample_counts(part)} timed runs after warm-up, L2 flushed between runs"
               + (f"; cells run up to {runs} times, each the median of its runs" if runs > 1 else "")
               + (f"; sustained cells: each implementation alone, its calls back to back for {sustained} ms a round"
                  if sustained else ""))

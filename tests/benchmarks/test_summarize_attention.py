@@ -292,3 +292,25 @@ def test_sustained_cells_are_their_own_column_and_decide_the_goals_over_cells_in
     assert main([str(path)]) == 0
     printed = capsys.readouterr().out
     assert "sustained cells: each implementation alone, its calls back to back for 1000 ms a round" in printed
+
+
+def test_the_header_gives_the_range_of_timed_runs_where_cells_differ(tmp_path, capsys):
+    """A sustained cell takes as many calls as fill its rounds, so a file's cells differ in samples: the
+    header gives their range (over every pass), not the first cell's count."""
+    import json
+
+    from benchmarks.summarize_attention import main
+
+    def cell(i, pass_, samples):
+        params = {"impl": "flash_triton", "batch": 1, "heads": 16, "seq_len": 4096, "d_head": 64, "causal": True,
+                  "dtype": "bf16", "pass": pass_, "sustain_ms": 1000}
+        metrics = {"median_ms": 1.0, "p20_ms": 1.0, "p80_ms": 1.0, "tflops": 100.0, "samples": samples}
+        return json.dumps({"kind": "cell", "cell": i, "state": "done", "params": params, "metrics": metrics})
+
+    path = tmp_path / "passes.jsonl"
+    path.write_text(cell(0, "fwd", 1500) + "\n" + cell(1, "bwd", 400) + "\n")
+    assert main([str(path)]) == 0
+    assert "median of 400-1500 timed runs after warm-up" in capsys.readouterr().out
+    path.write_text(cell(0, "fwd", 30) + "\n")
+    assert main([str(path)]) == 0
+    assert "median of 30 timed runs after warm-up" in capsys.readouterr().out
