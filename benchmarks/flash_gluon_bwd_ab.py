@@ -42,7 +42,8 @@ from benchmarks.flash_gluon_ab import add_run_args, time_in_turns
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
           ((1, 4, 4097, 64), False)]
-ORDERS = ("overlap", "defer", "plain", "ws")  # kernels.flash_gluon_bwd.DKDV_ORDERS (not imported: it needs Gluon)
+# kernels.flash_gluon_bwd.DKDV_ORDERS (not imported: it needs Gluon)
+ORDERS = ("overlap", "defer", "plain", "ws", "overlap-rs", "defer-rs", "plain-rs")
 CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
 DQ_CONFIGS = [(64, 64, 2, 4, "overlap", None)]
 

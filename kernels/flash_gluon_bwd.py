@@ -69,6 +69,13 @@ from kernels.flash_gluon import (
 # loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
 # matmul of tile t issued behind tile t+1's S^T and dP^T, "plain" each matmul waited for at once
 ORDERS = ("overlap", "defer", "plain")
+# the same orders with K and V held in registers as the A operands of S^T and dP^T (KV_REGS). A wgmma
+# with both operands in shared memory reads A (64 x 16) and B (16 x N) for each 64 x N x 16 block: at
+# N = 64, 4 KB in the 32 clocks the tensor cores take, 128 B a clock, which is all the SM's shared
+# memory gives; with A in registers, 2 KB. The price is K and V's registers: 32 a thread at 64 keys a
+# warpgroup and d=64. (Triton keeps such an operand in shared memory and reloads it every step.)
+RS_SUFFIX = "-rs"
+RS_ORDERS = tuple(o + RS_SUFFIX for o in ORDERS)
 
 
 @gluon.jit
@@ -258,12 +265,13 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                   H, n_q, n_k, dq_rows, sm_scale, qk_scale,
                   IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, DQ_MODE: gl.constexpr,
-                  DQ_DEFER: gl.constexpr):
+                  DQ_DEFER: gl.constexpr, KV_REGS: gl.constexpr):
     """One key tile's dK and dV; with DQ_MODE (1 atom, 2 red) also its share of every query tile's dQ,
     dS K, added into DQ_ACC (fp32 (Z*H, n_q, HEAD_DIM), contiguous, zeroed before): five matmuls a tile
     pair where the split backward's two kernels do seven. Rows from dq_rows on add nothing (0: the
     probe, which keeps the matmul and the atomics' addresses). DQ_DEFER (order "defer") issues tile t's
-    dQ matmul at step t+1, behind the scores. _dkdv_kernel is this with DQ_MODE 0."""
+    dQ matmul at step t+1, behind the scores. KV_REGS (DQ_MODE 0, the "-rs" orders) holds K and V in
+    registers as the A operands of S^T and dP^T (RS_ORDERS says why). _dkdv_kernel is this with DQ_MODE 0."""
     pid_n = gl.program_id(1)
     pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
     z = pid_zh // H
@@ -324,6 +332,13 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     ds_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, op_layout)  # ORDER 1: dS^T of the tile before
     prev = 0  # ORDER 1: the slot of the tile before (tile 0's at first, where dS^T = 0 adds nothing)
     mbarrier.wait(kv_bar, 0)
+    if KV_REGS:
+        kv_op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
+        k_a = k_smem.load(kv_op_layout)
+        v_a = v_smem.load(kv_op_layout)
+    else:
+        k_a = k_smem
+        v_a = v_smem
     # the diagonal tiles apart, so the unmasked loop carries no mask
     if IS_CAUSAL:
         n_diag = gl.minimum(n_iter, BLOCK_N // BLOCK_M)
@@ -331,12 +346,12 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         n_diag = 0
     for t in range(0, n_diag):
         dk, dv, ds_op, prev, lse2, delta = _step(
-            t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
+            t, k_a, v_a, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, True, ORDER, DQ_MODE,
             DQ_DEFER, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
-            t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
+            t, k_a, v_a, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, False, ORDER, DQ_MODE,
             DQ_DEFER, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, st_layout, op_layout, dq_layout)
     if ORDER == 1:
@@ -374,13 +389,13 @@ def _dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                  stride_dvz, stride_dvh, stride_dvn,
                  H, n_q, n_k, sm_scale, qk_scale,
                  IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr):
+                 STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, ORDER: gl.constexpr, KV_REGS: gl.constexpr):
     # the Triton dK/dV kernel's signature; the grid (G, tiles, ZH / G), causal key tile 0 the heaviest
     _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DK,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                   stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
                   stride_dvn, H, n_q, n_k, n_q, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                  NUM_WARPS, ORDER, 0, False)
+                  NUM_WARPS, ORDER, 0, False, KV_REGS)
 
 
 
@@ -672,7 +687,7 @@ class Config(NamedTuple):
 
 
 # the dK/dV kernel's orders: _step's (ORDERS), or "ws", the warp-specialised kernel (_dkdv_ws_kernel)
-DKDV_ORDERS = ORDERS + ("ws",)
+DKDV_ORDERS = ORDERS + ("ws",) + RS_ORDERS
 # consumers -> (registers a thread for the block, registers each consumer warpgroup after the first takes):
 # the block counts the producer's warpgroup whole, so 1 consumer is 8 warps (128 each: two programs an SM),
 # 2 are 12 (168 x 12 x 32 = 64,512 of 65,536; the consumers 232 and the producer 24), 3 are 16 (128; the
@@ -702,7 +717,7 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
         return f"{rows_name} {rows}: a multiple of 16 x num_warps ({16 * cfg.num_warps}) up to 256"
     if step not in (16, 32, 64, 128) or rows % step:
         return f"{step_name} {step}: 16, 32, 64 or 128, dividing {rows_name} {rows}"
-    if cfg.stages < 2 + (cfg.order == "defer" and kernel == "dkdv"):
+    if cfg.stages < 2 + (cfg.order.removesuffix(RS_SUFFIX) == "defer" and kernel == "dkdv"):
         return (f"stages {cfg.stages}: at least 2 (a slot is refilled only after its tile is used), 3 in the "
                 "deferred order (which keeps the tile before in its slot)")
     if cfg.maxnreg is not None and not 24 <= cfg.maxnreg <= 255:
@@ -751,12 +766,13 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
         return (_dkdv_ws_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=consumers,
                                       CONSUMER_REGS=consumer_regs), {"num_warps": 4, "maxnreg": maxnreg})
     if kernel == "dkdv":
-        return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(cfg.order)}, options
+        order = cfg.order.removesuffix(RS_SUFFIX)
+        return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(order), "KV_REGS": order != cfg.order}, options
     if kernel == "fused":
         if dq_mode not in DQ_MODES:
             raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
         return _fused_kernel, {**constexprs, "ORDER": 0, "DQ_MODE": 1 if dq_mode == "add" else 2,
-                               "DQ_DEFER": cfg.order == "defer"}, options
+                               "DQ_DEFER": cfg.order == "defer", "KV_REGS": False}, options
     return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
 
 

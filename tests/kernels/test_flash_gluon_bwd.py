@@ -15,7 +15,8 @@ from kernels import flash_triton as ft
     ("dkdv", 64, gb.Config(32, 128, 2, 8)), ("dq", 64, gb.Config(128, 64, 2, 8)), ("dq", 128, gb.Config(64, 32, 3, 4)),
     ("fused", 64, gb.Config(64, 64, 2, 4, maxnreg=168)), ("fused", 64, gb.Config(64, 128, 2, 8)),
     ("dkdv", 64, gb.Config(32, 192, 2, 4, "ws")), ("dkdv", 64, gb.Config(64, 64, 3, 4, "ws")),
-    ("dkdv", 128, gb.Config(32, 128, 4, 4, "ws")),
+    ("dkdv", 128, gb.Config(32, 128, 4, 4, "ws")), ("dkdv", 128, gb.Config(32, 64, 3, 4, "overlap-rs")),
+    ("dkdv", 64, gb.Config(64, 64, 3, 4, "defer-rs")),
 ])
 def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     assert gb.config_error(kernel, head_dim, cfg) is None
@@ -42,12 +43,25 @@ def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     ("dkdv", gb.Config(64, 128, 1, 4, "ws"), "stages 1"),
     ("dkdv", gb.Config(64, 128, 2, 4, "ws", 168), "maxnreg 168"),  # the kernel splits the registers itself
     ("dkdv", gb.Config(64, 192, 4, 4, "ws"), "229376 bytes"),   # K, V of 192 keys and four slots at d=128
+    ("dkdv", gb.Config(64, 64, 2, 4, "defer-rs"), "stages 2"),  # K and V in registers change no slot count
+    ("dkdv", gb.Config(64, 64, 2, 4, "ws-rs"), "order 'ws-rs'"),
+    ("fused", gb.Config(64, 64, 2, 4, "overlap-rs"), "order 'overlap-rs'"),  # the dK/dV kernel's orders only
+    ("dq", gb.Config(64, 64, 2, 4, "overlap-rs"), "order 'overlap-rs'"),
 ])
 def test_bad_configs_are_named(kernel, cfg, named):
     why = gb.config_error(kernel, 128, cfg)
     assert why is not None and named in why
     with pytest.raises(ValueError, match=named.split()[0]):
         gb.launch_spec(kernel, 128, cfg)
+
+
+@pytest.mark.parametrize("order", gb.ORDERS)
+def test_an_rs_order_is_its_order_with_k_and_v_in_registers(order):
+    kernel, config, options = gb.launch_spec("dkdv", 64, gb.Config(64, 64, 3, 4, order))
+    kernel_rs, config_rs, options_rs = gb.launch_spec("dkdv", 64, gb.Config(64, 64, 3, 4, order + gb.RS_SUFFIX))
+    assert kernel is kernel_rs and options == options_rs
+    assert config["KV_REGS"] is False and config_rs == {**config, "KV_REGS": True}
+    assert config["ORDER"] == gb.ORDERS.index(order)
 
 
 def test_an_unknown_kernel_is_named():
