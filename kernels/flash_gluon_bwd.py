@@ -69,7 +69,8 @@ from kernels.flash_gluon import (
 # loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
 # matmul of tile t issued behind tile t+1's S^T and dP^T, "plain" each matmul waited for at once
 ORDERS = ("overlap", "defer", "plain")
-# the same orders with K and V held in registers as the A operands of S^T and dP^T (KV_REGS). A wgmma
+# the same orders with K and V held in registers as the A operands of S^T and dP^T (KV_REGS; in the dQ
+# kernel, Q and dO as those of S and dP: QDO_REGS). A wgmma
 # with both operands in shared memory reads A (64 x 16) and B (16 x N) for each 64 x N x 16 block: at
 # N = 64, 4 KB in the 32 clocks the tensor cores take, 128 B a clock, which is all the SM's shared
 # memory gives; with A in registers, 2 KB. The price is K and V's registers: 32 a thread at 64 keys a
@@ -557,13 +558,14 @@ def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
 # dQ (and Delta): a query tile against every key tile it sees
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m, n_k, n_iter,
+def _dq_step(t, q_a, do_a, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m, n_k, n_iter,
              qk_scale, MASKED: gl.constexpr, OVERLAP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
     """Key tile t of this query tile: S = Q K^T, dP = dO V^T - Delta (both issued at once when OVERLAP,
     P computed while dP runs), dS = P dP, dQ += dS K; then the slot is refilled with tile t + STAGES.
-    Keys past n_k need no mask: their K rows are zeros, so they add nothing to dQ."""
-    dtype: gl.constexpr = q_smem.dtype
+    q_a, do_a: Q and dO in shared memory, or in registers (the "-rs" orders). Keys past n_k need no
+    mask: their K rows are zeros, so they add nothing to dQ."""
+    dtype: gl.constexpr = q_a.dtype
     slot = t % STAGES
     k_t = k_smem.index(slot)
     v_t = v_smem.index(slot)
@@ -572,11 +574,11 @@ def _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
     zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     minus_delta = zeros - gl.expand_dims(delta, 1)
     if OVERLAP:
-        s_tok = warpgroup_mma(q_smem, k_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(do_smem, v_t.permute((1, 0)), minus_delta, is_async=True)
+        s_tok = warpgroup_mma(q_a, k_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_a, v_t.permute((1, 0)), minus_delta, is_async=True)
         s = warpgroup_mma_wait(1, deps=[s_tok])  # S done; dP may still run
     else:
-        s = warpgroup_mma(q_smem, k_t.permute((1, 0)), zeros, use_acc=False)
+        s = warpgroup_mma(q_a, k_t.permute((1, 0)), zeros, use_acc=False)
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
     if MASKED:  # causal: key start_n + j is seen by query start_m + i only when j <= i
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -585,7 +587,7 @@ def _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
     if OVERLAP:
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
     else:
-        dp = warpgroup_mma(do_smem, v_t.permute((1, 0)), minus_delta)
+        dp = warpgroup_mma(do_a, v_t.permute((1, 0)), minus_delta)
     dq = warpgroup_mma(gl.convert_layout((p * dp).to(dtype), op_layout), k_t, dq)
     _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, slot, t + STAGES, n_iter, k_desc.block_type.nbytes,
             BLOCK_N, NUM_WARPS)
@@ -602,7 +604,8 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
                stride_dqz, stride_dqh, stride_dqm,
                H, n_q, n_k, sm_scale, qk_scale,
                IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr):
+               STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr, QDO_REGS: gl.constexpr):
+    # QDO_REGS (the "-rs" orders): Q and dO in registers as the A operands of S and dP (RS_ORDERS)
     pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)  # causal: the heaviest query tiles first
     start_m = pid_m * BLOCK_M
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -649,12 +652,19 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
 
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(q_bar, 0)
+    if QDO_REGS:
+        qdo_op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        q_a = q_smem.load(qdo_op_layout)
+        do_a = do_smem.load(qdo_op_layout)
+    else:
+        q_a = q_smem
+        do_a = do_smem
     n_unmasked = hi_unmasked // BLOCK_N
     for t in range(0, n_unmasked):
-        dq = _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
+        dq = _dq_step(t, q_a, do_a, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
                       n_k, n_iter, qk_scale, False, OVERLAP, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, s_layout, op_layout)
     for t in range(n_unmasked, n_iter):
-        dq = _dq_step(t, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
+        dq = _dq_step(t, q_a, do_a, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
                       n_k, n_iter, qk_scale, IS_CAUSAL, OVERLAP, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS, s_layout,
                       op_layout)
     mbarrier.invalidate(q_bar)
@@ -688,6 +698,8 @@ class Config(NamedTuple):
 
 # the dK/dV kernel's orders: _step's (ORDERS), or "ws", the warp-specialised kernel (_dkdv_ws_kernel)
 DKDV_ORDERS = ORDERS + ("ws",) + RS_ORDERS
+# the dQ kernel's: each matmul waited for at once, or dP issued with S; "-rs": Q and dO in registers
+DQ_ORDERS = ("overlap", "plain", "overlap" + RS_SUFFIX, "plain" + RS_SUFFIX)
 # consumers -> (registers a thread for the block, registers each consumer warpgroup after the first takes):
 # the block counts the producer's warpgroup whole, so 1 consumer is 8 warps (128 each: two programs an SM),
 # 2 are 12 (168 x 12 x 32 = 64,512 of 65,536; the consumers 232 and the producer 24), 3 are 16 (128; the
@@ -704,7 +716,7 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
     rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
     rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
-    orders = {"dkdv": DKDV_ORDERS, "dq": ("overlap", "plain"), "fused": ("overlap", "defer")}[kernel]
+    orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": ("overlap", "defer")}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
     if cfg.order == "ws":
@@ -765,15 +777,15 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
         maxnreg, consumer_regs = WS_REGS[consumers]
         return (_dkdv_ws_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=consumers,
                                       CONSUMER_REGS=consumer_regs), {"num_warps": 4, "maxnreg": maxnreg})
+    order = cfg.order.removesuffix(RS_SUFFIX)  # and the operands in registers where that took a suffix off
     if kernel == "dkdv":
-        order = cfg.order.removesuffix(RS_SUFFIX)
         return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(order), "KV_REGS": order != cfg.order}, options
     if kernel == "fused":
         if dq_mode not in DQ_MODES:
             raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
         return _fused_kernel, {**constexprs, "ORDER": 0, "DQ_MODE": 1 if dq_mode == "add" else 2,
                                "DQ_DEFER": cfg.order == "defer", "KV_REGS": False}, options
-    return _dq_kernel, {**constexprs, "OVERLAP": cfg.order == "overlap"}, options
+    return _dq_kernel, {**constexprs, "OVERLAP": order == "overlap", "QDO_REGS": order != cfg.order}, options
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:

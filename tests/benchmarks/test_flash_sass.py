@@ -134,22 +134,23 @@ def test_the_gluon_dkdv_kernel_computes_under_its_matmuls_in_the_order_it_names(
             assert loop == ["dot:st", "exp2", "dot:dv", "dot:dpt", "dot:dk"], loop
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_rs_order_gives_the_score_matmuls_k_and_v_from_registers(tmp_path, head_dim):
-    # an HGMMA names its A operand as a register (RS) or as a shared-memory descriptor (SS, "gdesc");
-    # S^T = K Q^T and dP^T = V dO^T are SS in the plain overlap order, RS in "-rs" (dV's and dK's
-    # A operands, P^T and dS^T, are registers in both), and both orders keep the same loop
-    a_operands = {}
+@pytest.mark.parametrize(("kernel", "cfg", "head_dim"), [("dkdv", "32,64,3,4", 64), ("dkdv", "32,64,3,4", 128),
+                                                     ("dq", "64,64,2,4", 64)])
+def test_the_rs_orders_give_the_score_matmuls_their_a_operands_from_registers(tmp_path, kernel, cfg, head_dim):
+    # an HGMMA names its A operand as a register (RS) or as a shared-memory descriptor (SS, "gdesc").
+    # The score matmuls (dK/dV: S^T = K Q^T, dP^T = V dO^T; dQ: S = Q K^T, dP = dO V^T) are SS in the
+    # overlap order and RS in "overlap-rs"; the accumulating ones take P^T, dS^T or dS from registers in
+    # both. The loops keep their matmuls and waits.
+    a_operands, loops = {}, {}
     for order in ("overlap", "overlap-rs"):
         out = tmp_path / order
-        r = _run("--gluon-bwd", f"dkdv=32,64,3,4,{order}", "--head-dim", str(head_dim), "--causal", "--out", str(out))
+        r = _run("--gluon-bwd", f"{kernel}={cfg},{order}", "--head-dim", str(head_dim), "--causal", "--out", str(out))
         assert r.returncode == 0, r.stderr[-3000:]
-        name = f"gluon_dkdv_32x64x3x4{'' if order == 'overlap' else '_' + order}_d{head_dim}"
-        report = json.loads((out / f"{name}.json").read_text())
-        assert report["loops"][-1] == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1",
-                                       "dot:dk_tok", "wait:0"], report["loops"]
+        name = f"gluon_{kernel}_{cfg.replace(',', 'x')}{'' if order == 'overlap' else '_' + order}_d{head_dim}"
+        loops[order] = json.loads((out / f"{name}.json").read_text())["loops"]
         hgmma = re.findall(r"HGMMA\.\S+ R\d+, (R\d+|gdesc)", (out / f"{name}.sass").read_text())
         a_operands[order] = Counter("smem" if a == "gdesc" else "registers" for a in hgmma)
+    assert loops["overlap"] == loops["overlap-rs"] and loops["overlap"]
     assert a_operands["overlap"]["smem"] > 0 and a_operands["overlap"]["registers"] > 0
     assert a_operands["overlap-rs"]["smem"] == 0
     assert a_operands["overlap-rs"]["registers"] == sum(a_operands["overlap"].values())

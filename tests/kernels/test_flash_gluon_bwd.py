@@ -16,7 +16,8 @@ from kernels import flash_triton as ft
     ("fused", 64, gb.Config(64, 64, 2, 4, maxnreg=168)), ("fused", 64, gb.Config(64, 128, 2, 8)),
     ("dkdv", 64, gb.Config(32, 192, 2, 4, "ws")), ("dkdv", 64, gb.Config(64, 64, 3, 4, "ws")),
     ("dkdv", 128, gb.Config(32, 128, 4, 4, "ws")), ("dkdv", 128, gb.Config(32, 64, 3, 4, "overlap-rs")),
-    ("dkdv", 64, gb.Config(64, 64, 3, 4, "defer-rs")),
+    ("dkdv", 64, gb.Config(64, 64, 3, 4, "defer-rs")), ("dq", 64, gb.Config(64, 32, 3, 4, "overlap-rs")),
+    ("dq", 128, gb.Config(64, 64, 2, 4, "plain-rs")),
 ])
 def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     assert gb.config_error(kernel, head_dim, cfg) is None
@@ -46,7 +47,7 @@ def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     ("dkdv", gb.Config(64, 64, 2, 4, "defer-rs"), "stages 2"),  # K and V in registers change no slot count
     ("dkdv", gb.Config(64, 64, 2, 4, "ws-rs"), "order 'ws-rs'"),
     ("fused", gb.Config(64, 64, 2, 4, "overlap-rs"), "order 'overlap-rs'"),  # the dK/dV kernel's orders only
-    ("dq", gb.Config(64, 64, 2, 4, "overlap-rs"), "order 'overlap-rs'"),
+    ("dq", gb.Config(64, 64, 3, 4, "defer-rs"), "order 'defer-rs'"),
 ])
 def test_bad_configs_are_named(kernel, cfg, named):
     why = gb.config_error(kernel, 128, cfg)
@@ -62,6 +63,14 @@ def test_an_rs_order_is_its_order_with_k_and_v_in_registers(order):
     assert kernel is kernel_rs and options == options_rs
     assert config["KV_REGS"] is False and config_rs == {**config, "KV_REGS": True}
     assert config["ORDER"] == gb.ORDERS.index(order)
+
+
+@pytest.mark.parametrize("order", ["overlap", "plain"])
+def test_the_dq_kernels_rs_orders_hold_q_and_do_in_registers(order):
+    kernel, config, _ = gb.launch_spec("dq", 64, gb.Config(64, 64, 2, 4, order))
+    kernel_rs, config_rs, _ = gb.launch_spec("dq", 64, gb.Config(64, 64, 2, 4, order + gb.RS_SUFFIX))
+    assert kernel is kernel_rs and config["OVERLAP"] == (order == "overlap")
+    assert config["QDO_REGS"] is False and config_rs == {**config, "QDO_REGS": True}
 
 
 def test_an_unknown_kernel_is_named():
