@@ -29,7 +29,9 @@ same program also computes dQ(t) = dS K beside dK's matmul (dS^T through shared 
 into an fp32 accumulator, by Triton's atomic_add or by a red.add through inline PTX (DQ_MODES):
 five matmuls a tile pair where the split backward does seven. On the H200 it ran slower.
 _dkdv_ws_kernel (order "ws") is another: the dK/dV program warp-specialised, a producer warp streaming Q
-and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there.
+and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there. The
+"-rs" orders (RS_ORDERS) are a third: the score matmuls' resident operands held in registers
+(docs/results/h200/flash_rs/README.md).
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
