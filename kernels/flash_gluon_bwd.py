@@ -820,6 +820,10 @@ DQ_CONFIG = Config(64, 64, 2, 4)
 # 1.08-1.17x on causal shapes and 1.01-1.02x non-causal over three runs; at d=64 it lost on the leaderboard
 # shape, so d=64 stays on the Triton kernel.
 SHIPPED_DKDV = {128: DKDV_CONFIG}
+# head dim -> the config flash_triton's backward launches this dQ kernel at when LaunchOptions.gluon_dq is on
+# (off by default). Alone, in turns with Triton's autotuned dQ on an H100, it ran 0.99x and 1.06x at d=128
+# (docs/results/h200/flash_rs/README.md); at d=64 it lost on every shape.
+SHIPPED_DQ = {128: DQ_CONFIG}
 
 
 # where each kernel's tensors without strides sit among its tensors: the fp32 (Z*H, n_q) row stats, and the
@@ -862,9 +866,11 @@ def dq(q, k, v, o, do, lse, is_causal: bool = False, cfg: Config = DQ_CONFIG, he
        out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ shaped and typed like q, Delta = rowsum(O * dO) fp32 of q.shape[:-1]) (written into `out` if
     given), from q, k, v, the forward's O and L, and dO, at a config (launch_spec)."""
-    _check(q, k, v, do, {"lse": lse})
     if o.shape != q.shape or o.dtype != q.dtype:
         raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    if o.stride(-1) != 1:
+        raise ValueError(f"out has stride {o.stride(-1)} along d: the dQ kernel reads O with unit stride there")
+    _check(q, k, v, do, {"lse": lse})
     q4, k4, v4, o4, do4 = (ft._as_zhnd(t) for t in (q, k, v, o, do))
     dq_, delta = out if out is not None else (torch.empty_like(q), torch.empty_like(lse))
     group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)

@@ -11,7 +11,7 @@ Z*H, in an order chosen per call: see _program_ids and _head_group):
             then loops over key tiles.
   dK, dV    cdiv(n_k, BLOCK_N) tiles, launched after dQ: a key tile loops over query tiles,
             reading the Delta the dQ programs wrote. At d=128 on sm_90 this is the Gluon kernel of
-            kernels/flash_gluon_bwd.py (same grid, same sums; _gluon_dkdv says where).
+            kernels/flash_gluon_bwd.py (same grid, same sums; _gluon_config says where).
 
 On sm_90+ the streamed tiles (K and V in dQ, and in the forward at d=128; Q and dO in dK/dV) come
 through tensor descriptors, the copy engine, where the layout allows (_tma_ready), else through
@@ -675,8 +675,11 @@ class LaunchOptions:
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
     gluon_dkdv  the backward's dK/dV kernel is the Gluon one (kernels/flash_gluon_bwd.py) where it ran
-                faster on the H200 (_gluon_dkdv: sm_90, 16-bit, d in its SHIPPED_DKDV, tensors the copy
+                faster on the H200 (_gluon_config: sm_90, 16-bit, d in its SHIPPED_DKDV, tensors the copy
                 engine takes, tma on and no pinned dkdv config). False keeps the Triton kernel everywhere
+    gluon_dq    the backward's dQ kernel is the Gluon one (kernels/flash_gluon_bwd.py) where _gluon_config
+                allows it (as gluon_dkdv, at d in its SHIPPED_DQ). Off by default: it has not been timed
+                as a whole backward under sustained load (docs/results/h200/flash_rs/README.md)
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
@@ -688,6 +691,7 @@ class LaunchOptions:
     tma: bool = True
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     gluon_dkdv: bool = True
+    gluon_dq: bool = False
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
@@ -704,7 +708,7 @@ class LaunchOptions:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
-                                         self.gluon_dkdv, work))
+                                         self.gluon_dkdv, self.gluon_dq, work))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -963,28 +967,33 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
     return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device(), scratch)
 
 
-def _gluon_dkdv(q4, k4, v4, do4, options: LaunchOptions):
-    """The Gluon dK/dV kernel's config for this call (SHIPPED_DKDV of kernels/flash_gluon_bwd.py), or None where
-    the Triton kernel runs: options.gluon_dkdv off, a pinned dkdv config, descriptors off, a tensor the
-    copy engine cannot read (a stride-0 dO, say), not sm_90, or a head dim it was not measured faster at."""
-    if not (options.gluon_dkdv and options.tma and "dkdv" not in options.pinned):
+def _gluon_config(which: str, q4, k4, v4, do4, options: LaunchOptions, o4=None):
+    """The Gluon kernel's config for backward kernel `which` (dkdv or dq) in this call (SHIPPED_DKDV or
+    SHIPPED_DQ of kernels/flash_gluon_bwd.py), or None where the Triton kernel runs: options.gluon_dkdv
+    (gluon_dq) off, a pinned config for `which`, descriptors off, a tensor the copy engine cannot read (a
+    stride-0 dO, say), not sm_90, or a head dim the Gluon kernel was not measured at. The dQ kernel also
+    reads O (o4), by pointers that assume unit stride along d."""
+    if not (getattr(options, "gluon_" + which) and options.tma and which not in options.pinned):
         return None
     try:
         from kernels import flash_gluon_bwd
     except ImportError:  # a Triton without Gluon
         return None
-    cfg = flash_gluon_bwd.SHIPPED_DKDV.get(q4.shape[-1])
+    shipped = flash_gluon_bwd.SHIPPED_DKDV if which == "dkdv" else flash_gluon_bwd.SHIPPED_DQ
+    cfg = shipped.get(q4.shape[-1])
     if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:
+        return None
+    if which == "dq" and (o4 is None or o4.stride(-1) != 1):
         return None
     return cfg
 
 
-def _launch_gluon_dkdv(cfg, tensors: tuple, group: int, is_causal: bool, q: torch.Tensor, want_plan: bool):
-    """Launch the Gluon dK/dV kernel at `cfg` on its 8 tensors (the Triton kernel's, in the same order);
-    a plan for later calls as _launch returns."""
+def _launch_gluon(which: str, cfg, tensors: tuple, group: int, is_causal: bool, q: torch.Tensor, want_plan: bool):
+    """Launch the Gluon kernel `which` (dkdv or dq) at `cfg` on its 8 tensors (the Triton kernel's, in the
+    same order); a plan for later calls as _launch returns."""
     from kernels import flash_gluon_bwd
 
-    jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch("dkdv", tensors, is_causal, cfg, group)
+    jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch(which, tensors, is_causal, cfg, group)
     if not want_plan:
         return None
     return _kernel_plan(jit_fn, compiled, args, len(tensors), constexprs, (cfg.block_m, cfg.block_n), grid,
@@ -1072,8 +1081,8 @@ def _copies_grad(q: torch.Tensor, k: torch.Tensor, grad_out: torch.Tensor, is_ca
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; the dK/dV kernel is the
-    Gluon one where options.gluon_dkdv picks it, _gluon_dkdv).
+    """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; either is the Gluon one
+    where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
@@ -1112,14 +1121,18 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     constexprs = _constexprs(is_causal, d, precision)
     tma_kv = _tma_kv(k4, v4, options)
     tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
-    dq_ = _launch("dq",
-                  (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
-                   *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
-                  _grid(n_q, "BLOCK_M", Z * H, group), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
-                  want_plan)
-    gluon = _gluon_dkdv(q4, k4, v4, do4, options)
+    gluon = _gluon_config("dq", q4, k4, v4, do4, options, o4)
     if gluon is not None:
-        dkdv = _launch_gluon_dkdv(gluon, (q4, k4, v4, do4, lse, delta, dk4, dv4), group, is_causal, q, want_plan)
+        dq_ = _launch_gluon("dq", gluon, (q4, k4, v4, o4, do4, lse, delta, dq4), group, is_causal, q, want_plan)
+    else:
+        dq_ = _launch("dq",
+                      (q4, k4, v4, o4, do4, lse, delta, dq4, *_strides(q4), *_strides(k4), *_strides(v4),
+                       *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
+                      _grid(n_q, "BLOCK_M", Z * H, group), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
+                      want_plan)
+    gluon = _gluon_config("dkdv", q4, k4, v4, do4, options)
+    if gluon is not None:
+        dkdv = _launch_gluon("dkdv", gluon, (q4, k4, v4, do4, lse, delta, dk4, dv4), group, is_causal, q, want_plan)
     else:
         dkdv = _launch("dkdv",
                        (q4, k4, v4, do4, lse, delta, dk4, dv4, *_strides(q4), *_strides(k4), *_strides(v4),

@@ -72,7 +72,8 @@ def test_launch_options_and_sdpa_backends_parse_and_bad_ones_are_named():
     assert parse_options("autotune=false, head_group=8") == {"autotune": False, "head_group": 8}
     assert parse_options("") == {}
     assert parse_options("gluon_dkdv=false") == {"gluon_dkdv": False}
-    with pytest.raises(argparse.ArgumentTypeError, match="NAME one of autotune, tma, gluon_dkdv, head_group"):
+    assert parse_options("gluon_dq=true") == {"gluon_dq": True}
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME one of autotune, tma, gluon_dkdv, gluon_dq, head_group"):
         parse_options("backward=fused")
     with pytest.raises(argparse.ArgumentTypeError, match="tma is true or false"):
         parse_options("tma=maybe")

@@ -632,7 +632,7 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients_bit_for_bit(shape, ca
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon dK/dV kernel runs on sm_90")
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=4))
-    assert ft._gluon_dkdv(*(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
+    assert ft._gluon_config("dkdv", *(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
     o, lse = flash_attention_forward(q, k, v, causal)
     ft.clear_launch_plans()
     want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
@@ -641,6 +641,34 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients_bit_for_bit(shape, ca
         for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
             assert torch.equal(a, b), name
     plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == ft.DEFAULT_OPTIONS.key)]
+    assert all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
+def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape, causal):
+    # LaunchOptions(gluon_dq=True) launches the Gluon dQ kernel (which writes Delta too): the backward's dQ
+    # equals that kernel's own launcher's bit for bit, on the first call and the plan's replay; dK and dV,
+    # from its Delta, stay within rounding of the Triton-only backward's, every row written
+    import kernels.flash_gluon_bwd as gb
+    import kernels.flash_triton as ft
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels run on sm_90")
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
+    on = ft.LaunchOptions(gluon_dq=True)
+    assert ft._gluon_config("dq", *(ft._as_zhnd(t) for t in (q, k, v, do)), on) is not None
+    o, lse = flash_attention_forward(q, k, v, causal)
+    want_dq, _ = gb.dq(q, k, v, o, do, lse, causal, gb.SHIPPED_DQ[128],
+                       out=(torch.full_like(q, float("nan")), torch.full_like(lse, float("nan"))))
+    triton_only = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
+    ft.clear_launch_plans()
+    for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
+        got = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=on)
+        assert torch.equal(got[0], want_dq)
+        for name, a, b in zip(("dk", "dv"), got[1:], triton_only[1:], strict=True):
+            assert torch.isfinite(a).all() and (a.float() - b.float()).abs().max().item() < 1e-2, name
+    plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == on.key)]
     assert all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
 
 
