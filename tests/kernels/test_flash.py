@@ -657,8 +657,8 @@ def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape,
         pytest.skip("the Gluon kernels run on sm_90")
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
     on = ft.LaunchOptions(gluon_dq=True)
-    assert ft._gluon_config("dq", *(ft._as_zhnd(t) for t in (q, k, v, do)), on) is not None
     o, lse = flash_attention_forward(q, k, v, causal)
+    assert ft._gluon_config("dq", *(ft._as_zhnd(t) for t in (q, k, v, do)), on, ft._as_zhnd(o)) is not None
     want_dq, _ = gb.dq(q, k, v, o, do, lse, causal, gb.SHIPPED_DQ[128],
                        out=(torch.full_like(q, float("nan")), torch.full_like(lse, float("nan"))))
     triton_only = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
