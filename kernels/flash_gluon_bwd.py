@@ -822,7 +822,8 @@ DQ_CONFIG = Config(64, 64, 2, 4)
 SHIPPED_DKDV = {128: DKDV_CONFIG}
 # head dim -> the config flash_triton's backward launches this dQ kernel at when LaunchOptions.gluon_dq is on
 # (off by default). Alone, in turns with Triton's autotuned dQ on an H100, it ran 0.99x and 1.06x at d=128
-# (docs/results/h200/flash_rs/README.md); at d=64 it lost on every shape.
+# (at d=64 it lost on every shape), but the whole backward with it read 0.975-1.014x the shipped one under
+# sustained load (docs/results/h100/flash_rs/README.md).
 SHIPPED_DQ = {128: DQ_CONFIG}
 
 

@@ -678,8 +678,9 @@ class LaunchOptions:
                 faster on the H200 (_gluon_config: sm_90, 16-bit, d in its SHIPPED_DKDV, tensors the copy
                 engine takes, tma on and no pinned dkdv config). False keeps the Triton kernel everywhere
     gluon_dq    the backward's dQ kernel is the Gluon one (kernels/flash_gluon_bwd.py) where _gluon_config
-                allows it (as gluon_dkdv, at d in its SHIPPED_DQ). Off by default: it has not been timed
-                as a whole backward under sustained load (docs/results/h200/flash_rs/README.md)
+                allows it (as gluon_dkdv, at d in its SHIPPED_DQ). Off by default: the whole backward
+                with it read 0.975-1.014x the shipped one under sustained load on an H100
+                (docs/results/h100/flash_rs/README.md)
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
