@@ -170,6 +170,17 @@ def _dq_matmul(ds_smem, k_smem, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, d
 
 
 @gluon.jit
+def _resident_operands(x_smem, y_smem, IN_REGISTERS: gl.constexpr, acc_layout: gl.constexpr):
+    """Two tiles a program keeps for its whole loop, as the A operands of matmuls whose accumulator has
+    acc_layout: loaded into registers once (the "-rs" orders, RS_ORDERS), or left in shared memory."""
+    if IN_REGISTERS:
+        layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        return x_smem.load(layout), y_smem.load(layout)
+    else:
+        return x_smem, y_smem
+
+
+@gluon.jit
 def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_op, prev, lse2, delta, l_base,
           delta_base, lo, n_q, n_iter, start_n, qk_scale, ds_smem, dq_base, dq_rows, MASKED: gl.constexpr,
           ORDER: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -335,13 +346,7 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     ds_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, op_layout)  # ORDER 1: dS^T of the tile before
     prev = 0  # ORDER 1: the slot of the tile before (tile 0's at first, where dS^T = 0 adds nothing)
     mbarrier.wait(kv_bar, 0)
-    if KV_REGS:
-        kv_op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
-        k_a = k_smem.load(kv_op_layout)
-        v_a = v_smem.load(kv_op_layout)
-    else:
-        k_a = k_smem
-        v_a = v_smem
+    k_a, v_a = _resident_operands(k_smem, v_smem, KV_REGS, st_layout)
     # the diagonal tiles apart, so the unmasked loop carries no mask
     if IS_CAUSAL:
         n_diag = gl.minimum(n_iter, BLOCK_N // BLOCK_M)
@@ -654,13 +659,7 @@ def _dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
 
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(q_bar, 0)
-    if QDO_REGS:
-        qdo_op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
-        q_a = q_smem.load(qdo_op_layout)
-        do_a = do_smem.load(qdo_op_layout)
-    else:
-        q_a = q_smem
-        do_a = do_smem
+    q_a, do_a = _resident_operands(q_smem, do_smem, QDO_REGS, s_layout)
     n_unmasked = hi_unmasked // BLOCK_N
     for t in range(0, n_unmasked):
         dq = _dq_step(t, q_a, do_a, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, dq, lse2, delta, start_m,
