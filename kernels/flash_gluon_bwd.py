@@ -697,7 +697,8 @@ class Config(NamedTuple):
     maxnreg: int | None = None
 
 
-# the dK/dV kernel's orders: _step's (ORDERS), or "ws", the warp-specialised kernel (_dkdv_ws_kernel)
+# the dK/dV kernel's orders: _step's (ORDERS), "ws", the warp-specialised kernel (_dkdv_ws_kernel), or
+# _step's with K and V in registers (RS_ORDERS)
 DKDV_ORDERS = ORDERS + ("ws",) + RS_ORDERS
 # the dQ kernel's: each matmul waited for at once, or dP issued with S; "-rs": Q and dO in registers
 DQ_ORDERS = ("overlap", "plain", "overlap" + RS_SUFFIX, "plain" + RS_SUFFIX)
