@@ -14,12 +14,13 @@ from backend.errors import invalid_query
 from backend.models import Sweep
 from backend.planner import Cluster, Model, plan, predict_measured
 from worker.stats import positive
+from worker.suites.leaderboard import REFERENCE_PEAK_TFLOPS
 
 router = APIRouter(prefix="/api", tags=["planner"], dependencies=[ReadAuth])
 
-# used when neither the caller nor a measurement gives them: the H200's datasheet (dense bf16 matmul;
-# NVLink, per direction)
-REFERENCE_TFLOPS, REFERENCE_GBPS, REFERENCE_MEMORY_GB = 989.0, 450.0, 141.0
+# used when neither the caller nor a measurement gives them: the H200's datasheet (dense bf16 matmul, as
+# the leaderboard suite's table has it; NVLink, per direction)
+REFERENCE_TFLOPS, REFERENCE_GBPS, REFERENCE_MEMORY_GB = REFERENCE_PEAK_TFLOPS["H200"], 450.0, 141.0
 
 
 def measured_inputs(db) -> dict[str, Any]:
