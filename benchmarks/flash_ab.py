@@ -16,7 +16,8 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
 options and pins with OPTIONS on top (their times as NAME_ms, and speedup_vs_NAME: > 1 when the
 current version is faster).
 
-A round gives each version `--repeats` calls back to back, one version after another: short bursts,
+A round gives each version `--repeats` calls back to back, one version after another (the first
+rotating from round to round, worker.harness.measure_rounds): short bursts,
 which on a chip at its power limit compare the versions at about one clock. `--sustain-ms MS` times
 them as do_bench and a training loop run them instead: each version alone for MS a round, the first
 rotating (worker.harness.measure_sustained), where a version that spends more energy per call gets a
@@ -170,20 +171,17 @@ def _sdpa_call(backend: str, which: str, q, k, v, do, causal: bool):
 
 def time_calls(calls: dict, *, rounds: int, repeats: int, sustain_ms: float | None = None,
                device: str = "cuda") -> dict[str, list[float]]:
-    """Each callable's median per round, ms: `repeats` calls of each in turn a round, or with `sustain_ms`
-    each alone for that long a round (harness.measure_sustained, the first rotating)."""
-    from worker.harness import measure, measure_sustained
+    """Each callable's median per round, ms: `repeats` calls of each in turn a round (harness.measure_rounds),
+    or with `sustain_ms` each alone for that long a round (harness.measure_sustained); the first rotates
+    from round to round either way."""
+    from worker.harness import measure_rounds, measure_sustained
 
     names = list(calls)
     if sustain_ms is not None:
         runs = measure_sustained([calls[n] for n in names], sustain_ms=sustain_ms, rounds=rounds, warmup=3,
                                  device=device)
         return {n: [t.median_ms for t in per_round] for n, per_round in zip(names, runs, strict=True)}
-    ms: dict[str, list[float]] = {n: [] for n in names}
-    for _ in range(rounds):
-        for n in names:
-            ms[n].append(measure(calls[n], warmup=3, repeats=repeats, device=device).median_ms)
-    return ms
+    return measure_rounds(calls, rounds=rounds, repeats=repeats, device=device)
 
 
 def round_stat(ms: list[float], sustained: bool) -> float:

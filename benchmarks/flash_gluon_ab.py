@@ -71,31 +71,6 @@ def row_errors(o, lse, ref_o, ref_lse) -> dict:
             "lse_max": (lse.double() - ref_lse).abs().max().item()}
 
 
-def time_in_turns(calls: dict, rounds: int, repeats: int, host: dict | None = None,
-                  head_start: bool = False) -> dict[str, list[float]]:
-    """Each call's CUDA-event median per round (3 warm-up calls, then `repeats` samples), the calls taken
-    in turns within a round so clock drift falls on all of them. Each round starts one call later than the
-    round before (round r runs the calls from the r-th on, then the first r), so no call always runs first,
-    on a chip that has idled through the compiles, or always behind the same heavy call.
-
-    `host`, a dict, gets each call's median host time per round (the wall clock of issuing it): a sample
-    starts on the GPU when the L2 flush before it ends, so a call whose launch takes the host longer than
-    that flush shows the difference as GPU time. `head_start` queues a sleep kernel before each sample
-    (worker.harness.measure) so the samples are the GPU's time alone."""
-    from worker.harness import measure
-
-    names = list(calls)
-    ms: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            timing = measure(calls[name], warmup=3, repeats=repeats, device="cuda", head_start=head_start)
-            ms[name].append(timing.median_ms)
-            if host is not None:
-                host.setdefault(name, []).append(timing.host_median_ms)
-    return ms
-
-
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """The arguments the Gluon A/B scripts share: shapes, SDPA backends, rounds, samples, output, commit."""
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, metavar="B,H,S,D[,causal]",
@@ -121,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kernels import flash_gluon, flash_triton
-    from worker.harness import fingerprint
+    from worker.harness import fingerprint, measure_rounds
 
     out = Path(args.out)
     configs = args.config or CONFIGS
@@ -156,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, q, causal)  # q: the unused gradient slot
         cell["host_ms"] = {}
-        cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats, cell["host_ms"], args.head_start)
+        cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
+                                         head_start=args.head_start, host=cell["host_ms"])
         best = {name: min(xs) for name, xs in ms.items()}
         cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
         for backend in args.sdpa:

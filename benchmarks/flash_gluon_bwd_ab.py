@@ -37,7 +37,7 @@ import math
 from pathlib import Path
 
 from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, write_report
-from benchmarks.flash_gluon_ab import add_run_args, time_in_turns
+from benchmarks.flash_gluon_ab import add_run_args
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
@@ -112,6 +112,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
 
     from kernels import flash_gluon_bwd as gb
     from kernels import flash_triton
+    from worker.harness import measure_rounds
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
     cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
@@ -210,7 +211,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         if args.pairs:
             calls[f"twice_sdpa_{backend}"] = back_to_back(*[calls[f"sdpa_{backend}"]] * 2)
     cell["host_ms"] = {}
-    cell["ms"] = ms = time_in_turns(calls, args.rounds, args.repeats, cell["host_ms"], args.head_start)
+    cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
+                                     head_start=args.head_start, host=cell["host_ms"])
     best = {name: min(xs) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
                                       if n.startswith(("gluon_", "triton_pinned_dkdv"))

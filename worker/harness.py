@@ -219,6 +219,27 @@ def measure_turns(fns: list[Callable[[], Any]], *, warmup: int = 3, repeats: int
     return [Timing.from_samples([s.elapsed_time(e) for s, e in ev], h) for ev, h in zip(events, host, strict=True)]
 
 
+def measure_rounds(fns: dict[str, Callable[[], Any]], *, rounds: int, repeats: int, warmup: int = 3,
+                   device: str = "cpu", head_start: bool = False,
+                   host: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Each callable's median per round, ms, in short bursts: a round measures every callable in turn
+    (measure: `warmup` untimed calls, then `repeats` samples back to back), so clock drift falls on all
+    of them, and each round starts one callable later than the round before (turn_order), so none always
+    runs first, on a chip that has cooled through the compiles, or always behind the same heavy one.
+
+    `host`, if given, gets each callable's median host time (the wall clock of issuing it) per round.
+    `head_start` is measure's: a sleep kernel before each sample, so the samples are the GPU's time alone."""
+    names = list(fns)
+    ms: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in turn_order(names, r):
+            timing = measure(fns[name], warmup=warmup, repeats=repeats, device=device, head_start=head_start)
+            ms[name].append(timing.median_ms)
+            if host is not None:
+                host.setdefault(name, []).append(timing.host_median_ms)
+    return ms
+
+
 SUSTAIN_ESTIMATE_CALLS = 5  # calls timed together to size a sustained run, as do_bench sizes its own
 
 

@@ -1,7 +1,6 @@
 """flash_gluon_ab's configs parse, its accuracy check sees a single wrong row, and its rounds rotate the calls."""
 import argparse
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,40 +42,3 @@ def test_one_wrong_row_shows_in_the_row_maximum_not_the_median():
     err = row_errors(o, lse, ref_o, ref_lse)
     assert err["o_row_max"] == pytest.approx(0.5, abs=1e-6) and err["o_row_median"] < 1e-6
     assert err["lse_max"] < 1e-6
-
-
-def test_each_round_starts_one_call_later(monkeypatch):
-    # the calls run in turns, and the order rotates by one each round, so no call always runs first (on a
-    # chip cooled by the compiles) or behind the same heavy call; each call's list keeps its rounds in order
-    import worker.harness
-    from benchmarks.flash_gluon_ab import time_in_turns
-
-    order = []
-
-    def fake_measure(fn, **kwargs):
-        order.append(fn())
-        return SimpleNamespace(median_ms=float(len(order)))
-
-    monkeypatch.setattr(worker.harness, "measure", fake_measure)
-    ms = time_in_turns({name: (lambda n=name: n) for name in "abc"}, rounds=4, repeats=5)
-    assert order == list("abc" "bca" "cab" "abc")
-    assert ms == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
-
-
-def test_host_times_are_kept_per_round_and_the_head_start_is_passed_on(monkeypatch):
-    # the host's time to issue each call goes beside its GPU time, so a launch cost that shows as GPU time
-    # (the GPU idle between the flush and the kernel) can be told apart; --head-start reaches measure
-    import worker.harness
-    from benchmarks.flash_gluon_ab import time_in_turns
-
-    seen = []
-
-    def fake_measure(fn, **kwargs):
-        seen.append(kwargs["head_start"])
-        return SimpleNamespace(median_ms=1.0, host_median_ms={"a": 1, "b": 10}[fn()] * len(seen))
-
-    monkeypatch.setattr(worker.harness, "measure", fake_measure)
-    host: dict = {}
-    time_in_turns({name: (lambda n=name: n) for name in "ab"}, rounds=2, repeats=5, host=host, head_start=True)
-    assert seen == [True] * 4
-    assert host == {"a": [1, 4], "b": [20, 30]}  # round 2 runs b (3rd call) then a (4th)

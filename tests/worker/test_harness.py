@@ -1,9 +1,20 @@
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from worker.harness import SUSTAIN_ESTIMATE_CALLS, Timing, is_oom, measure, measure_sustained, measure_turns, quantile
+from worker.harness import (
+    SUSTAIN_ESTIMATE_CALLS,
+    Timing,
+    is_oom,
+    measure,
+    measure_rounds,
+    measure_sustained,
+    measure_turns,
+    quantile,
+)
 
 
 def test_quantiles_and_timing_summary():
@@ -220,3 +231,52 @@ def test_turn_order_rotates_the_first_and_keeps_the_cycle():
     assert [turn_order(["a", "b", "c"], i) for i in range(4)] == [["a", "b", "c"], ["b", "c", "a"],
                                                                   ["c", "a", "b"], ["a", "b", "c"]]
     assert turn_order([1], 5) == [1]
+
+
+def test_rounds_take_the_callables_in_turns_and_each_round_starts_one_later(monkeypatch):
+    # no callable always runs first (on a chip cooled by the compiles) or behind the same heavy one; each
+    # callable's list keeps its rounds in order
+    import worker.harness
+
+    order = []
+
+    def fake_measure(fn, **kwargs):
+        order.append(fn())
+        return SimpleNamespace(median_ms=float(len(order)), host_median_ms=0.0)
+
+    monkeypatch.setattr(worker.harness, "measure", fake_measure)
+    ms = worker.harness.measure_rounds({name: (lambda n=name: n) for name in "abc"}, rounds=4, repeats=5)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert ms == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
+
+
+def test_rounds_keep_host_times_per_round_and_pass_the_head_start_and_counts_on(monkeypatch):
+    # the host's time to issue each callable goes beside its GPU time, so a launch cost that shows as GPU
+    # time (the GPU idle between the flush and the kernel) can be told apart
+    import worker.harness
+
+    seen = []
+
+    def fake_measure(fn, **kwargs):
+        seen.append((kwargs["head_start"], kwargs["warmup"], kwargs["repeats"], kwargs["device"]))
+        return SimpleNamespace(median_ms=1.0, host_median_ms={"a": 1, "b": 10}[fn()] * len(seen))
+
+    monkeypatch.setattr(worker.harness, "measure", fake_measure)
+    host: dict = {}
+    worker.harness.measure_rounds({name: (lambda n=name: n) for name in "ab"}, rounds=2, repeats=5, warmup=2,
+                                  device="cuda", head_start=True, host=host)
+    assert seen == [(True, 2, 5, "cuda")] * 4
+    assert host == {"a": [1, 4], "b": [20, 30]}  # round 2 runs b (3rd call) then a (4th)
+
+
+def test_rounds_of_real_calls_on_the_cpu_count_warmup_and_repeats():
+    counts = {"a": 0, "b": 0}
+
+    def call(name):
+        def run():
+            counts[name] += 1
+        return run
+
+    ms = measure_rounds({"a": call("a"), "b": call("b")}, rounds=3, repeats=4, warmup=2)
+    assert counts == {"a": 3 * (2 + 4), "b": 3 * (2 + 4)}
+    assert all(len(v) == 3 and min(v) >= 0 for v in ms.values())
