@@ -795,6 +795,14 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
     return flash_gluon.supported(q, k, v, do, what="the Gluon backward", names="q, k, v and dO")
 
 
+def o_error(o: torch.Tensor) -> str | None:
+    """Why the dQ kernel cannot read the forward's O, or None if it can: it reads O by pointers that
+    assume unit stride along d."""
+    if o.stride(-1) != 1:
+        return f"out has stride {o.stride(-1)} along d: the dQ kernel reads O with unit stride there"
+    return None
+
+
 def _check(q, k, v, do, row_stats: dict) -> None:
     ft._check_inputs(q, k, v)
     if do.shape != q.shape or do.dtype != q.dtype:
@@ -869,8 +877,9 @@ def dq(q, k, v, o, do, lse, is_causal: bool = False, cfg: Config = DQ_CONFIG, he
     given), from q, k, v, the forward's O and L, and dO, at a config (launch_spec)."""
     if o.shape != q.shape or o.dtype != q.dtype:
         raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
-    if o.stride(-1) != 1:
-        raise ValueError(f"out has stride {o.stride(-1)} along d: the dQ kernel reads O with unit stride there")
+    why = o_error(o)
+    if why:
+        raise ValueError(why)
     _check(q, k, v, do, {"lse": lse})
     q4, k4, v4, o4, do4 = (ft._as_zhnd(t) for t in (q, k, v, o, do))
     dq_, delta = out if out is not None else (torch.empty_like(q), torch.empty_like(lse))

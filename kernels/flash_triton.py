@@ -973,8 +973,9 @@ def _gluon_config(which: str, q4, k4, v4, do4, options: LaunchOptions, o4=None):
     SHIPPED_DQ of kernels/flash_gluon_bwd.py), or None where the Triton kernel runs: options.gluon_dkdv
     (gluon_dq) off, a pinned config for `which`, descriptors off, a tensor the copy engine cannot read (a
     stride-0 dO, say), not sm_90, or a head dim the Gluon kernel was not measured at. The dQ kernel also
-    reads O (o4), by pointers that assume unit stride along d."""
-    if not (getattr(options, "gluon_" + which) and options.tma and which not in options.pinned):
+    reads O (o4: flash_gluon_bwd.o_error)."""
+    enabled = {"dkdv": options.gluon_dkdv, "dq": options.gluon_dq}[which]
+    if not (enabled and options.tma and which not in options.pinned):
         return None
     try:
         from kernels import flash_gluon_bwd
@@ -984,7 +985,7 @@ def _gluon_config(which: str, q4, k4, v4, do4, options: LaunchOptions, o4=None):
     cfg = shipped.get(q4.shape[-1])
     if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:
         return None
-    if which == "dq" and (o4 is None or o4.stride(-1) != 1):
+    if which == "dq" and flash_gluon_bwd.o_error(o4) is not None:
         return None
     return cfg
 
