@@ -822,17 +822,27 @@ def _scales(head_dim: int) -> tuple[float, float]:
 
 
 DKDV_CONFIG = Config(64, 64, 2, 4)
+# d=64: the same tile capped at 168 registers (186 uncapped), so three programs fit an SM
+DKDV_D64_CONFIG = Config(64, 64, 2, 4, maxnreg=168)
 DQ_CONFIG = Config(64, 64, 2, 4)
-# head dim -> the config flash_triton's backward launches this dK/dV kernel at (LaunchOptions.gluon_dkdv).
-# On the H200, in turns with the autotuned Triton kernel (docs/results/h200/flash_gluon_bwd/): at d=128
-# 1.08-1.17x on causal shapes and 1.01-1.02x non-causal over three runs; at d=64 it lost on the leaderboard
-# shape, so d=64 stays on the Triton kernel.
-SHIPPED_DKDV = {128: DKDV_CONFIG}
-# head dim -> the config flash_triton's backward launches this dQ kernel at when LaunchOptions.gluon_dq is on
-# (off by default). Alone, in turns with Triton's autotuned dQ on an H100, it ran 0.99x and 1.06x at d=128
-# (at d=64 it lost on every shape), but the whole backward with it read 0.975-1.014x the shipped one under
-# sustained load (docs/results/h100/flash_rs/README.md).
-SHIPPED_DQ = {128: DQ_CONFIG}
+# (head dim, causal) -> the config flash_triton's backward launches this dK/dV kernel at
+# (LaunchOptions.gluon_dkdv). On the H200, in turns with the autotuned Triton kernel
+# (docs/results/h200/flash_gluon_bwd/): at d=128 1.08-1.17x on causal shapes and 1.01-1.02x non-causal
+# over three runs. At d=64 the capped tile ran 1.03-1.13x non-causal but lost on the leaderboard shape,
+# so causal d=64 stays on the Triton kernel (docs/results/h100/flash_d64/README.md: the whole backward).
+SHIPPED_DKDV = {(128, False): DKDV_CONFIG, (128, True): DKDV_CONFIG, (64, False): DKDV_D64_CONFIG}
+# (head dim, causal) -> the config flash_triton's backward launches this dQ kernel at when
+# LaunchOptions.gluon_dq is on (off by default). Alone, in turns with Triton's autotuned dQ on an H100, it
+# ran 0.99x and 1.06x at d=128 (at d=64 it lost on every shape), but the whole backward with it read
+# 0.975-1.014x the shipped one under sustained load (docs/results/h100/flash_rs/README.md).
+SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
+
+
+def shipped_config(kernel: str, head_dim: int, is_causal: bool) -> Config | None:
+    """The config flash_triton's backward launches `kernel` ("dkdv" or "dq") at for this head dim and
+    mask (SHIPPED_DKDV, SHIPPED_DQ), or None where it keeps the Triton kernel."""
+    shipped = {"dkdv": SHIPPED_DKDV, "dq": SHIPPED_DQ}[kernel]
+    return shipped.get((head_dim, bool(is_causal)))
 
 
 # where each kernel's tensors without strides sit among its tensors: the fp32 (Z*H, n_q) row stats, and the

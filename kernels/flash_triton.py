@@ -675,10 +675,10 @@ class LaunchOptions:
     pinned      a fixed config per kernel name (fwd, dkdv, dq) instead of autotuning; a config that
                 does not fit in shared memory fails at launch
     gluon_dkdv  the backward's dK/dV kernel is the Gluon one (kernels/flash_gluon_bwd.py) where it ran
-                faster on the H200 (_gluon_config: sm_90, 16-bit, d in its SHIPPED_DKDV, tensors the copy
+                faster (_gluon_config: sm_90, 16-bit, d and mask in its SHIPPED_DKDV, tensors the copy
                 engine takes, tma on and no pinned dkdv config). False keeps the Triton kernel everywhere
     gluon_dq    the backward's dQ kernel is the Gluon one (kernels/flash_gluon_bwd.py) where _gluon_config
-                allows it (as gluon_dkdv, at d in its SHIPPED_DQ). Off by default: the whole backward
+                allows it (as gluon_dkdv, at d and mask in its SHIPPED_DQ). Off by default: the whole backward
                 with it read 0.975-1.014x the shipped one under sustained load on an H100
                 (docs/results/h100/flash_rs/README.md)
     copy_grad_min_work
@@ -968,12 +968,12 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
     return _kernel_plan(_JIT[which], compiled, args, n_tensors, constexprs, tiles, grid, q.get_device(), scratch)
 
 
-def _gluon_config(which: str, q4, k4, v4, do4, options: LaunchOptions, o4=None):
-    """The Gluon kernel's config for backward kernel `which` (dkdv or dq) in this call (SHIPPED_DKDV or
-    SHIPPED_DQ of kernels/flash_gluon_bwd.py), or None where the Triton kernel runs: options.gluon_dkdv
-    (gluon_dq) off, a pinned config for `which`, descriptors off, a tensor the copy engine cannot read (a
-    stride-0 dO, say), not sm_90, or a head dim the Gluon kernel was not measured at. The dQ kernel also
-    reads O (o4: flash_gluon_bwd.o_error)."""
+def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchOptions, o4=None):
+    """The Gluon kernel's config for backward kernel `which` (dkdv or dq) in this call
+    (flash_gluon_bwd.shipped_config), or None where the Triton kernel runs: options.gluon_dkdv (gluon_dq)
+    off, a pinned config for `which`, descriptors off, a tensor the copy engine cannot read (a stride-0
+    dO, say), not sm_90, or a head dim and mask where the Gluon kernel did not run faster. The dQ kernel
+    also reads O (o4: flash_gluon_bwd.o_error)."""
     enabled = {"dkdv": options.gluon_dkdv, "dq": options.gluon_dq}[which]
     if not (enabled and options.tma and which not in options.pinned):
         return None
@@ -981,8 +981,7 @@ def _gluon_config(which: str, q4, k4, v4, do4, options: LaunchOptions, o4=None):
         from kernels import flash_gluon_bwd
     except ImportError:  # a Triton without Gluon
         return None
-    shipped = flash_gluon_bwd.SHIPPED_DKDV if which == "dkdv" else flash_gluon_bwd.SHIPPED_DQ
-    cfg = shipped.get(q4.shape[-1])
+    cfg = flash_gluon_bwd.shipped_config(which, q4.shape[-1], is_causal)
     if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:
         return None
     if which == "dq" and flash_gluon_bwd.o_error(o4) is not None:
@@ -1123,7 +1122,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     constexprs = _constexprs(is_causal, d, precision)
     tma_kv = _tma_kv(k4, v4, options)
     tma_q, tma_do = options.tma and _tma_ready(q4), options.tma and _tma_ready(do4)
-    gluon = _gluon_config("dq", q4, k4, v4, do4, options, o4)
+    gluon = _gluon_config("dq", is_causal, q4, k4, v4, do4, options, o4)
     if gluon is not None:
         dq_ = _launch_gluon("dq", gluon, (q4, k4, v4, o4, do4, lse, delta, dq4), group, is_causal, q, want_plan)
     else:
@@ -1132,7 +1131,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                        *_strides(o4), *_strides(do4), *_strides(dq4), *common), 8,
                       _grid(n_q, "BLOCK_M", Z * H, group), {**constexprs, "TMA_KV": tma_kv}, q, d, options,
                       want_plan)
-    gluon = _gluon_config("dkdv", q4, k4, v4, do4, options)
+    gluon = _gluon_config("dkdv", is_causal, q4, k4, v4, do4, options)
     if gluon is not None:
         dkdv = _launch_gluon("dkdv", gluon, (q4, k4, v4, do4, lse, delta, dk4, dv4), group, is_causal, q, want_plan)
     else:

@@ -622,24 +622,30 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False),
-                                               ((2, 16, 2048, 128), True)])
-def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients_bit_for_bit(shape, causal):
-    # at d=128 on sm_90 the backward's dK/dV kernel is the Gluon one: both accumulate the same fp32
-    # products in the same order (query tiles ascending, 16-wide matmul steps), so the gradients are
-    # bit-identical to the Triton kernel's, on ragged tiles too, first call and planned replay alike
+                                               ((2, 16, 2048, 128), True), ((1, 3, 4097, 64), False),
+                                               ((2, 16, 2048, 64), False)])
+def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
+    # on sm_90 the backward's dK/dV kernel is the Gluon one at d=128 and at d=64 non-causal. At d=128 both
+    # kernels accumulate the same fp32 products in the same order (query tiles ascending, 16-wide matmul
+    # steps), so the gradients are bit-identical to the Triton kernel's, on ragged tiles too, first call
+    # and planned replay alike; at d=64 the autotuned Triton tile may step otherwise, so dK and dV agree
+    # to rounding, every row written
     import kernels.flash_triton as ft
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon dK/dV kernel runs on sm_90")
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=4))
-    assert ft._gluon_config("dkdv", *(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
+    assert ft._gluon_config("dkdv", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
     o, lse = flash_attention_forward(q, k, v, causal)
     ft.clear_launch_plans()
     want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
     for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
         got = ft.flash_attention_backward(q, k, v, o, lse, do, causal)
         for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-            assert torch.equal(a, b), name
+            if shape[-1] == 128 or name == "dq":
+                assert torch.equal(a, b), name
+            else:
+                assert torch.isfinite(a).all() and (a.float() - b.float()).abs().max().item() < 1e-2, name
     plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == ft.DEFAULT_OPTIONS.key)]
     assert all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
 
@@ -658,8 +664,8 @@ def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape,
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
     on = ft.LaunchOptions(gluon_dq=True)
     o, lse = flash_attention_forward(q, k, v, causal)
-    assert ft._gluon_config("dq", *(ft._as_zhnd(t) for t in (q, k, v, do)), on, ft._as_zhnd(o)) is not None
-    want_dq, _ = gb.dq(q, k, v, o, do, lse, causal, gb.SHIPPED_DQ[128],
+    assert ft._gluon_config("dq", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), on, ft._as_zhnd(o)) is not None
+    want_dq, _ = gb.dq(q, k, v, o, do, lse, causal, gb.shipped_config("dq", 128, causal),
                        out=(torch.full_like(q, float("nan")), torch.full_like(lse, float("nan"))))
     triton_only = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
     ft.clear_launch_plans()

@@ -100,39 +100,46 @@ def _views(d: int, n: int = 64):
 
 
 def test_the_backward_takes_the_gluon_kernel_only_where_it_was_measured_faster(monkeypatch):
-    assert ft._gluon_config("dkdv", *_views(128), ft.DEFAULT_OPTIONS) is None  # a CPU tensor: not sm_90
+    assert ft._gluon_config("dkdv", True, *_views(128), ft.DEFAULT_OPTIONS) is None  # a CPU tensor: not sm_90
     monkeypatch.setattr(gb, "supported", lambda *tensors: None)  # as if on an H200 with qualifying tensors
-    assert ft._gluon_config("dkdv", *_views(128), ft.DEFAULT_OPTIONS) == gb.SHIPPED_DKDV[128]
-    assert ft._gluon_config("dkdv", *_views(64), ft.DEFAULT_OPTIONS) is None  # slower on the leaderboard shape
+    for causal in (False, True):
+        assert ft._gluon_config("dkdv", causal, *_views(128), ft.DEFAULT_OPTIONS) == gb.DKDV_CONFIG
+    # d=64: non-causal only (the capped tile), causal stays on Triton (slower on the leaderboard shape)
+    assert ft._gluon_config("dkdv", False, *_views(64), ft.DEFAULT_OPTIONS) == gb.DKDV_D64_CONFIG
+    assert ft._gluon_config("dkdv", True, *_views(64), ft.DEFAULT_OPTIONS) is None
     for off in (ft.LaunchOptions(gluon_dkdv=False), ft.LaunchOptions(tma=False),
                 ft.LaunchOptions(pinned={"dkdv": ft.make_config(64, 64, 4, 2)})):
-        assert ft._gluon_config("dkdv", *_views(128), off) is None, off
+        assert ft._gluon_config("dkdv", True, *_views(128), off) is None, off
+        assert ft._gluon_config("dkdv", False, *_views(64), off) is None, off
     # a pinned dQ config leaves dK/dV to the Gluon kernel; the choice is part of a plan's key
     pinned_dq = ft.LaunchOptions(pinned={"dq": ft.make_config(64, 32, 4, 2)})
-    assert ft._gluon_config("dkdv", *_views(128), pinned_dq) is not None
+    assert ft._gluon_config("dkdv", True, *_views(128), pinned_dq) is not None
     assert ft.LaunchOptions(gluon_dkdv=False).key != ft.DEFAULT_OPTIONS.key
 
 
 def test_the_gluon_dq_kernel_runs_only_when_asked_for(monkeypatch):
     monkeypatch.setattr(gb, "supported", lambda *tensors: None)
     o4 = _views(128)[0]
-    assert ft._gluon_config("dq", *_views(128), ft.DEFAULT_OPTIONS, o4) is None  # off by default
+    assert ft._gluon_config("dq", True, *_views(128), ft.DEFAULT_OPTIONS, o4) is None  # off by default
     on = ft.LaunchOptions(gluon_dq=True)
-    assert ft._gluon_config("dq", *_views(128), on, o4) == gb.SHIPPED_DQ[128]
-    assert ft._gluon_config("dq", *_views(64), on, _views(64)[0]) is None  # it lost to Triton's dQ at d=64
+    for causal in (False, True):
+        assert ft._gluon_config("dq", causal, *_views(128), on, o4) == gb.DQ_CONFIG
+        assert ft._gluon_config("dq", causal, *_views(64), on, _views(64)[0]) is None  # lost to Triton's at d=64
     # the kernel reads O by pointers with unit stride along d: another O keeps the Triton kernel
-    assert ft._gluon_config("dq", *_views(128), on, o4.transpose(-1, -2).contiguous().transpose(-1, -2)) is None
+    assert ft._gluon_config("dq", True, *_views(128), on, o4.transpose(-1, -2).contiguous().transpose(-1, -2)) is None
     for off in (ft.LaunchOptions(gluon_dq=True, tma=False),
                 ft.LaunchOptions(gluon_dq=True, pinned={"dq": ft.make_config(64, 32, 4, 2)})):
-        assert ft._gluon_config("dq", *_views(128), off, o4) is None, off
-    assert ft._gluon_config("dkdv", *_views(128), on) == gb.SHIPPED_DKDV[128]  # the two choices are apart
+        assert ft._gluon_config("dq", True, *_views(128), off, o4) is None, off
+    assert ft._gluon_config("dkdv", True, *_views(128), on) == gb.DKDV_CONFIG  # the two choices are apart
     assert on.key != ft.DEFAULT_OPTIONS.key
 
 
 def test_every_shipped_config_is_one_the_kernel_takes():
     for kernel, shipped in (("dkdv", gb.SHIPPED_DKDV), ("dq", gb.SHIPPED_DQ)):
-        for head_dim, cfg in shipped.items():
+        for (head_dim, causal), cfg in shipped.items():
             assert gb.config_error(kernel, head_dim, cfg) is None
+            assert gb.shipped_config(kernel, head_dim, causal) == cfg
+    assert gb.shipped_config("dkdv", 96, False) is None
 
 
 def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
