@@ -75,7 +75,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq")
+BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq", "gluon_fwd")
 INT_OPTIONS = ("head_group", "bwd_head_group")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 

@@ -37,6 +37,7 @@ GPU runs it (CPU tests compile it for sm_90: tests/kernels/test_flash_gluon.py).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -538,6 +539,45 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
             {"num_warps": num_warps})
 
 
+class Config(NamedTuple):
+    """A forward config: block_m query rows a program (WG_ROWS a consumer warpgroup in "ws" and
+    "pingpong"), block_n key rows a step, stages K/V slots, num_warps, and the mode (GLUON_MODES)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    stages: int = 3
+    num_warps: int = 4
+    mode: str = "overlap"
+
+
+# (head dim, causal) -> the config flash_triton's forward launches this kernel at when
+# LaunchOptions.gluon_fwd is on (off by default). On the H200 one warpgroup with three slots ran
+# 0.93x-1.09x the Triton forward at d=128 in turns (docs/results/h200/flash_gluon/README.md).
+SHIPPED_FWD = {(128, True): Config(64, 64, 3, 4), (128, False): Config(64, 64, 3, 4)}
+
+
+def shipped_config(head_dim: int, is_causal: bool) -> Config | None:
+    """The config flash_triton's forward launches this kernel at (SHIPPED_FWD), or None where it keeps
+    the Triton kernel."""
+    return SHIPPED_FWD.get((head_dim, bool(is_causal)))
+
+
+def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
+    """Launch the forward on (q4, k4, v4, o4, lse) ((Z, H, n, d) views and the fp32 (Z, H, n_q) L) at `cfg`,
+    in grid order `group` (flash_triton._head_group). Returns (jit function, compiled kernel, runtime args,
+    constexprs, grid): what flash_triton's launch plans are made from."""
+    q4, k4, v4, o4, _ = tensors
+    kernel, config, options = launch_spec(q4.shape[-1], *cfg)
+    Z, H, n_q, d = q4.shape
+    args = (*tensors, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3], H, n_q, k4.shape[-2],
+            qk_scale(d))
+    constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
+    grid = (group, triton.cdiv(n_q, cfg.block_m), Z * H // group)
+    ft._ensure_scratch_allocator()
+    compiled = kernel[grid](*args, **constexprs, **options)
+    return kernel, compiled, args, constexprs, grid
+
+
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                             block_m: int = 64, block_n: int = 64, stages: int = 3, num_warps: int = 4,
                             head_group: int | None = None, mode: str = "overlap") -> tuple[torch.Tensor, torch.Tensor]:
@@ -548,18 +588,13 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     why = supported(q, k, v)
     if why:
         raise ValueError(why)
-    kernel, config, options = launch_spec(q.shape[-1], block_m, block_n, stages, num_warps, mode)
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    cfg = Config(block_m, block_n, stages, num_warps, mode)
+    launch_spec(q.shape[-1], *cfg)  # a bad config fails here, before anything is allocated
     q4, k4, v4 = ft._as_zhnd(q), ft._as_zhnd(k), ft._as_zhnd(v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    o4 = out.view(q4.shape)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    Z, H = q4.shape[0], q4.shape[1]
-    group = ft._head_group(bool(is_causal), Z * H, head_group)
-    ft._ensure_scratch_allocator()
-    grid = (group, triton.cdiv(n_q, block_m), Z * H // group)
-    kernel[grid](q4, k4, v4, o4, lse, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-                 H, n_q, n_k, qk_scale(d), IS_CAUSAL=bool(is_causal), HEAD_DIM=d, **config, **options)
+    group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
+    launch((q4, k4, v4, out.view(q4.shape), lse), is_causal, cfg, group)
     return out, lse
 
 

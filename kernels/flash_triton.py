@@ -681,6 +681,9 @@ class LaunchOptions:
                 allows it (as gluon_dkdv, at d and mask in its SHIPPED_DQ). Off by default: the whole backward
                 with it read 0.975-1.014x the shipped one under sustained load on an H100
                 (docs/results/h100/flash_rs/README.md)
+    gluon_fwd   the forward kernel is the Gluon one (kernels/flash_gluon.py) at d and mask in its SHIPPED_FWD
+                where _gluon_config allows it (sm_90, 16-bit, tensors the copy engine takes, tma on, no
+                pinned fwd config). Off by default
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
@@ -693,6 +696,7 @@ class LaunchOptions:
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     gluon_dkdv: bool = True
     gluon_dq: bool = False
+    gluon_fwd: bool = False
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
@@ -709,7 +713,7 @@ class LaunchOptions:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
-                                         self.gluon_dkdv, self.gluon_dq, work))
+                                         self.gluon_dkdv, self.gluon_dq, self.gluon_fwd, work))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -969,18 +973,21 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
 
 
 def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchOptions, o4=None):
-    """The Gluon kernel's config for backward kernel `which` (dkdv or dq) in this call
-    (flash_gluon_bwd.shipped_config), or None where the Triton kernel runs: options.gluon_dkdv (gluon_dq)
+    """The Gluon kernel's config for kernel `which` (fwd, dkdv or dq) in this call (the shipped_config of
+    kernels/flash_gluon.py or flash_gluon_bwd.py), or None where the Triton kernel runs: options.gluon_<which>
     off, a pinned config for `which`, descriptors off, a tensor the copy engine cannot read (a stride-0
-    dO, say), not sm_90, or a head dim and mask where the Gluon kernel did not run faster. The dQ kernel
-    also reads O (o4: flash_gluon_bwd.o_error)."""
-    enabled = {"dkdv": options.gluon_dkdv, "dq": options.gluon_dq}[which]
+    dO, say), not sm_90, or a head dim and mask where the Gluon kernel did not run faster. The forward
+    takes no dO (do4 None); the dQ kernel also reads O (o4: flash_gluon_bwd.o_error)."""
+    enabled = {"fwd": options.gluon_fwd, "dkdv": options.gluon_dkdv, "dq": options.gluon_dq}[which]
     if not (enabled and options.tma and which not in options.pinned):
         return None
     try:
-        from kernels import flash_gluon_bwd
+        from kernels import flash_gluon, flash_gluon_bwd
     except ImportError:  # a Triton without Gluon
         return None
+    if which == "fwd":
+        cfg = flash_gluon.shipped_config(q4.shape[-1], is_causal)
+        return cfg if cfg is not None and flash_gluon.supported(q4, k4, v4) is None else None
     cfg = flash_gluon_bwd.shipped_config(which, q4.shape[-1], is_causal)
     if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:
         return None
@@ -990,11 +997,14 @@ def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchO
 
 
 def _launch_gluon(which: str, cfg, tensors: tuple, group: int, is_causal: bool, q: torch.Tensor, want_plan: bool):
-    """Launch the Gluon kernel `which` (dkdv or dq) at `cfg` on its 8 tensors (the Triton kernel's, in the
-    same order); a plan for later calls as _launch returns."""
-    from kernels import flash_gluon_bwd
+    """Launch the Gluon kernel `which` (fwd, dkdv or dq) at `cfg` on its tensors (the Triton kernel's, in
+    the same order); a plan for later calls as _launch returns."""
+    from kernels import flash_gluon, flash_gluon_bwd
 
-    jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch(which, tensors, is_causal, cfg, group)
+    if which == "fwd":
+        jit_fn, compiled, args, constexprs, grid = flash_gluon.launch(tensors, is_causal, cfg, group)
+    else:
+        jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch(which, tensors, is_causal, cfg, group)
     if not want_plan:
         return None
     return _kernel_plan(jit_fn, compiled, args, len(tensors), constexprs, (cfg.block_m, cfg.block_n), grid,
@@ -1047,8 +1057,12 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     want_plan = key is not None and _plannable(q, k, v)
-    kernel = _launch("fwd", args, 5, _grid(n_q, "BLOCK_M", Z * H, group),
-                     {**_constexprs(is_causal, d, precision), "TMA_KV": tma_kv}, q, d, options, want_plan)
+    gluon = _gluon_config("fwd", is_causal, q4, k4, v4, None, options)
+    if gluon is not None:
+        kernel = _launch_gluon("fwd", gluon, (q4, k4, v4, o4, lse), group, is_causal, q, want_plan)
+    else:
+        kernel = _launch("fwd", args, 5, _grid(n_q, "BLOCK_M", Z * H, group),
+                         {**_constexprs(is_causal, d, precision), "TMA_KV": tma_kv}, q, d, options, want_plan)
     if kernel is not None:
         shape, dtype, device = q.shape, q.dtype, q.device
 

@@ -652,6 +652,33 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
+def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
+    # LaunchOptions(gluon_fwd=True) launches the Gluon forward at d=128: O and L equal that kernel's own
+    # launcher's bit for bit, on the first call and the plan's replay, and stay within rounding of the
+    # Triton forward's in every row (a ragged last tile included)
+    import kernels.flash_gluon as fg
+    import kernels.flash_triton as ft
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels run on sm_90")
+    q, k, v, _ = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=6))
+    on = ft.LaunchOptions(gluon_fwd=True)
+    cfg = fg.shipped_config(128, causal)
+    assert ft._gluon_config("fwd", causal, *(ft._as_zhnd(t) for t in (q, k, v)), None, on) == cfg
+    want_o, want_l = fg.flash_attention_forward(q, k, v, causal, *cfg)
+    tri_o, tri_l = ft.flash_attention_forward(q, k, v, causal)
+    ft.clear_launch_plans()
+    for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
+        o, lse = ft.flash_attention_forward(q, k, v, causal, options=on)
+        assert torch.equal(o, want_o) and torch.equal(lse, want_l)
+        row_err = (o.float() - tri_o.float()).abs().amax(dim=-1)
+        assert row_err.max().item() < 1e-2 and (lse - tri_l).abs().max().item() < 1e-4
+    plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "fwd" and key[3] == on.key)]
+    assert all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
 def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape, causal):
     # LaunchOptions(gluon_dq=True) launches the Gluon dQ kernel (which writes Delta too): the backward's dQ
     # equals that kernel's own launcher's bit for bit, on the first call and the plan's replay; dK and dV,

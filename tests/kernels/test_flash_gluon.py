@@ -67,3 +67,28 @@ def test_the_launcher_checks_before_it_launches():
 
 def test_the_scale_is_log2e_over_sqrt_d():
     assert flash_gluon.qk_scale(64) == pytest.approx(1.4426950408889634 / 8)
+
+
+def test_every_shipped_config_is_one_the_kernel_takes():
+    for (head_dim, causal), cfg in flash_gluon.SHIPPED_FWD.items():
+        flash_gluon.launch_spec(head_dim, *cfg)  # raises on a config the kernel cannot run
+        assert flash_gluon.shipped_config(head_dim, causal) == cfg
+    assert flash_gluon.shipped_config(96, True) is None
+
+
+def test_the_forward_takes_the_gluon_kernel_only_when_asked_for(monkeypatch):
+    import kernels.flash_triton as ft
+
+    views = [ft._as_zhnd(torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)) for _ in range(3)]
+    on = ft.LaunchOptions(gluon_fwd=True)
+    assert ft._gluon_config("fwd", True, *views, None, on) is None  # a CPU tensor: not sm_90
+    monkeypatch.setattr(flash_gluon, "supported", lambda *tensors: None)  # as if on an H200
+    assert ft._gluon_config("fwd", True, *views, None, ft.DEFAULT_OPTIONS) is None  # off by default
+    for causal in (False, True):
+        assert ft._gluon_config("fwd", causal, *views, None, on) == flash_gluon.shipped_config(128, causal)
+    d64 = [ft._as_zhnd(torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)) for _ in range(3)]
+    assert ft._gluon_config("fwd", True, *d64, None, on) is None  # not in SHIPPED_FWD
+    for off in (ft.LaunchOptions(gluon_fwd=True, tma=False),
+                ft.LaunchOptions(gluon_fwd=True, pinned={"fwd": ft.make_config(64, 64, 4, 2)})):
+        assert ft._gluon_config("fwd", True, *views, None, off) is None, off
+    assert on.key != ft.DEFAULT_OPTIONS.key  # the choice is part of a plan's key
