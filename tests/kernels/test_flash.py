@@ -665,7 +665,7 @@ def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
     on = ft.LaunchOptions(gluon_fwd=True)
     cfg = fg.shipped_config(128, causal)
     assert ft._gluon_config("fwd", causal, *(ft._as_zhnd(t) for t in (q, k, v)), None, on) == cfg
-    want_o, want_l = fg.flash_attention_forward(q, k, v, causal, *cfg)
+    want_o, want_l = fg.flash_attention_forward(q, k, v, causal, **cfg._asdict())
     tri_o, tri_l = ft.flash_attention_forward(q, k, v, causal)
     ft.clear_launch_plans()
     for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
