@@ -10,8 +10,8 @@ Z*H, in an order chosen per call: see _program_ids and _head_group):
   dQ        cdiv(n_q, BLOCK_M) tiles: a query tile first writes its rows' Delta = rowsum(O * dO),
             then loops over key tiles.
   dK, dV    cdiv(n_k, BLOCK_N) tiles, launched after dQ: a key tile loops over query tiles,
-            reading the Delta the dQ programs wrote. At d=128 on sm_90 this is the Gluon kernel of
-            kernels/flash_gluon_bwd.py (same grid, same sums; _gluon_config says where).
+            reading the Delta the dQ programs wrote. At d=128 (and d=64 non-causal) on sm_90 this is
+            the Gluon kernel of kernels/flash_gluon_bwd.py (same grid, same sums; _gluon_config says where).
 
 On sm_90+ the streamed tiles (K and V in dQ, and in the forward at d=128; Q and dO in dK/dV) come
 through tensor descriptors, the copy engine, where the layout allows (_tma_ready), else through
