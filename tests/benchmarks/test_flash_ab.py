@@ -74,7 +74,8 @@ def test_launch_options_and_sdpa_backends_parse_and_bad_ones_are_named():
     assert parse_options("gluon_dkdv=false") == {"gluon_dkdv": False}
     assert parse_options("gluon_dq=true") == {"gluon_dq": True}
     assert parse_options("gluon_fwd=true") == {"gluon_fwd": True}
-    with pytest.raises(argparse.ArgumentTypeError, match="NAME one of autotune, tma, gluon_dkdv, gluon_dq, gluon_fwd, head_group"):
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match="NAME one of autotune, tma, gluon_dkdv, gluon_dq, gluon_fwd, head_group"):
         parse_options("backward=fused")
     with pytest.raises(argparse.ArgumentTypeError, match="tma is true or false"):
         parse_options("tma=maybe")

@@ -620,6 +620,13 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
            .contiguous().transpose(1, 2))
 
 
+def _sm90_inputs(shape, seed):
+    """q, k, v, dO in bf16 on the GPU for a test of the Gluon kernels, which run on sm_90 only (else a skip)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels run on sm_90")
+    return [t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=seed)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False),
                                                ((2, 16, 2048, 128), True), ((1, 3, 4097, 64), False),
@@ -632,9 +639,7 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
     # to rounding, every row written
     import kernels.flash_triton as ft
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon dK/dV kernel runs on sm_90")
-    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=4))
+    q, k, v, do = _sm90_inputs(shape, seed=4)
     assert ft._gluon_config("dkdv", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
     o, lse = flash_attention_forward(q, k, v, causal)
     ft.clear_launch_plans()
@@ -659,9 +664,7 @@ def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
     import kernels.flash_gluon as fg
     import kernels.flash_triton as ft
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon kernels run on sm_90")
-    q, k, v, _ = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=6))
+    q, k, v, _ = _sm90_inputs(shape, seed=6)
     on = ft.LaunchOptions(gluon_fwd=True)
     cfg = fg.shipped_config(128, causal)
     assert ft._gluon_config("fwd", causal, *(ft._as_zhnd(t) for t in (q, k, v)), None, on) == cfg
@@ -686,9 +689,7 @@ def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape,
     import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon kernels run on sm_90")
-    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
+    q, k, v, do = _sm90_inputs(shape, seed=5)
     on = ft.LaunchOptions(gluon_dq=True)
     o, lse = flash_attention_forward(q, k, v, causal)
     assert ft._gluon_config("dq", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), on, ft._as_zhnd(o)) is not None
