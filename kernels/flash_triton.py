@@ -71,6 +71,34 @@ def _program_ids():
     return tl.program_id(1), tl.program_id(2) * tl.num_programs(0) + tl.program_id(0), tl.num_programs(1)
 
 
+@triton.jit
+def _head_rows(X, z, h, stride_z, stride_h, stride_row, stride_d, offs_row, offs_d):
+    """Pointers to rows offs_row, columns offs_d of head (z, h)'s (n, d) matrix in X."""
+    return (X + z.to(tl.int64) * stride_z + h.to(tl.int64) * stride_h
+            + offs_row[:, None] * stride_row + offs_d[None, :] * stride_d)
+
+
+@triton.jit
+def _load_rows(ptrs, offs_row, offs_d, n, HEAD_DIM: tl.constexpr, EVEN: tl.constexpr):
+    """The tile at ptrs (_head_rows); unless EVEN (no ragged rows, no padded head dim), rows from n and
+    columns from HEAD_DIM read as zeros."""
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=(offs_row[:, None] < n) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    return x
+
+
+@triton.jit
+def _store_rows(ptrs, x, offs_row, offs_d, n, HEAD_DIM: tl.constexpr, EVEN: tl.constexpr):
+    """Store tile x at ptrs (_head_rows) in the pointers' dtype; unless EVEN, only rows below n and
+    columns below HEAD_DIM."""
+    if EVEN:
+        tl.store(ptrs, x.to(ptrs.dtype.element_ty))
+    else:
+        tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=(offs_row[:, None] < n) & (offs_d[None, :] < HEAD_DIM))
+
+
 # ----------------------------------------------------------------------------------------------
 # forward
 # ----------------------------------------------------------------------------------------------
@@ -175,12 +203,8 @@ def _fwd_kernel(Q, K, V, O, L,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q_ptrs = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh \
-        + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    if EVEN_M & EVEN_D:
-        q = tl.load(q_ptrs)
-    else:
-        q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q = _load_rows(_head_rows(Q, z, h, stride_qz, stride_qh, stride_qm, stride_qd, offs_m, offs_d), offs_m, offs_d,
+                   n_q, HEAD_DIM, EVEN_M & EVEN_D)
     k_src, v_src = _kv_sources(K, V, z, h, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                                n_k, HEAD_DIM, BLOCK_N, BLOCK_D, TMA_KV)
 
@@ -207,13 +231,9 @@ def _fwd_kernel(Q, K, V, O, L,
     out = acc / l_i[:, None]
     # L in natural log: (m + log2 l) / log2(e)
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-    o_ptrs = O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh \
-        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    _store_rows(_head_rows(O, z, h, stride_oz, stride_oh, stride_om, stride_od, offs_m, offs_d), out, offs_m, offs_d,
+                n_q, HEAD_DIM, EVEN_M & EVEN_D)
     l_ptrs = L + pid_zh.to(tl.int64) * n_q + offs_m
-    if EVEN_M & EVEN_D:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty))
-    else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
     if EVEN_M:
         tl.store(l_ptrs, lse)
     else:
@@ -307,17 +327,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    k_ptrs = K + z.to(tl.int64) * stride_kz + h.to(tl.int64) * stride_kh \
-        + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = V + z.to(tl.int64) * stride_vz + h.to(tl.int64) * stride_vh \
-        + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    if EVEN_N & EVEN_D:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    else:
-        kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    k_ptrs = _head_rows(K, z, h, stride_kz, stride_kh, stride_kn, stride_kd, offs_n, offs_d)
+    v_ptrs = _head_rows(V, z, h, stride_vz, stride_vh, stride_vn, stride_vd, offs_n, offs_d)
+    k = _load_rows(k_ptrs, offs_n, offs_d, n_k, HEAD_DIM, EVEN_N & EVEN_D)
+    v = _load_rows(v_ptrs, offs_n, offs_d, n_k, HEAD_DIM, EVEN_N & EVEN_D)
 
     q_src = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh
     do_src = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh
@@ -350,17 +363,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                              False, EVEN_M, EVEN_D, HEAD_DIM, BLOCK_M, INPUT_PRECISION, TMA_Q, TMA_DO)
     dk = dk * sm_scale
 
-    dk_ptrs = DK + z.to(tl.int64) * stride_dkz + h.to(tl.int64) * stride_dkh \
-        + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
-    dv_ptrs = DV + z.to(tl.int64) * stride_dvz + h.to(tl.int64) * stride_dvh \
-        + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
-    if EVEN_N & EVEN_D:
-        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
-        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
-    else:
-        kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
-        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    dk_ptrs = _head_rows(DK, z, h, stride_dkz, stride_dkh, stride_dkn, stride_dkd, offs_n, offs_d)
+    dv_ptrs = _head_rows(DV, z, h, stride_dvz, stride_dvh, stride_dvn, stride_dvd, offs_n, offs_d)
+    _store_rows(dk_ptrs, dk, offs_n, offs_d, n_k, HEAD_DIM, EVEN_N & EVEN_D)
+    _store_rows(dv_ptrs, dv, offs_n, offs_d, n_k, HEAD_DIM, EVEN_N & EVEN_D)
 
 
 @triton.jit
@@ -416,21 +422,12 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q_ptrs = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh \
-        + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    do_ptrs = DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh \
-        + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
-    o_ptrs = O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh \
-        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    if EVEN_M & EVEN_D:
-        q = tl.load(q_ptrs)
-        do = tl.load(do_ptrs)
-        o = tl.load(o_ptrs)
-    else:
-        row_mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM)
-        q = tl.load(q_ptrs, mask=row_mask, other=0.0)
-        do = tl.load(do_ptrs, mask=row_mask, other=0.0)
-        o = tl.load(o_ptrs, mask=row_mask, other=0.0)
+    q = _load_rows(_head_rows(Q, z, h, stride_qz, stride_qh, stride_qm, stride_qd, offs_m, offs_d), offs_m, offs_d,
+                   n_q, HEAD_DIM, EVEN_M & EVEN_D)
+    do = _load_rows(_head_rows(DO, z, h, stride_doz, stride_doh, stride_dom, stride_dod, offs_m, offs_d), offs_m,
+                    offs_d, n_q, HEAD_DIM, EVEN_M & EVEN_D)
+    o = _load_rows(_head_rows(O, z, h, stride_oz, stride_oh, stride_om, stride_od, offs_m, offs_d), offs_m, offs_d,
+                   n_q, HEAD_DIM, EVEN_M & EVEN_D)
     # Delta_i = rowsum(O_i * dO_i) (equals rowsum(P_i * dP_i)): this program's rows are the only ones it
     # needs, and the dK/dV kernel, launched after this one, reads all of them from global memory.
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
@@ -459,12 +456,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, L, Delta, DQ,
                        offs_m, offs_d, n_k, hi_unmasked, hi, qk_scale,
                        True, IS_CAUSAL, EVEN_D, HEAD_DIM, BLOCK_N, INPUT_PRECISION, TMA_KV)
     dq = dq * sm_scale
-    dq_ptrs = DQ + z.to(tl.int64) * stride_dqz + h.to(tl.int64) * stride_dqh \
-        + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-    if EVEN_M & EVEN_D:
-        tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty))
-    else:
-        tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+    _store_rows(_head_rows(DQ, z, h, stride_dqz, stride_dqh, stride_dqm, stride_dqd, offs_m, offs_d), dq, offs_m,
+                offs_d, n_q, HEAD_DIM, EVEN_M & EVEN_D)
 
 
 # ----------------------------------------------------------------------------------------------
