@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime import _allocation
+from triton.runtime.driver import driver as _triton_driver
 
 from kernels.names import FLASH_KERNELS
 
@@ -548,8 +550,57 @@ def _noting(configs: list[triton.Config], which: str) -> list[triton.Config]:
             for c in configs]
 
 
+def _heat_ms_from_env(value: str | None) -> float:
+    """BENCHLAB_AUTOTUNE_HEAT_MS as a number of milliseconds >= 0 (unset: 0)."""
+    if value is None or value.strip() == "":
+        return 0.0
+    try:
+        ms = float(value)
+    except ValueError:
+        raise ValueError(f"BENCHLAB_AUTOTUNE_HEAT_MS={value!r}: want a number of milliseconds >= 0") from None
+    if not ms >= 0:
+        raise ValueError(f"BENCHLAB_AUTOTUNE_HEAT_MS={value!r}: want a number of milliseconds >= 0")
+    return ms
+
+
+# The autotuner times each config in a short burst right after compiling it, so every config meets a
+# chip that cooled while the compiler ran. Under sustained load (do_bench for seconds, a training loop)
+# the chip clocks down at its power limit, and a config that draws more power loses more there: on an
+# H100 the d=128 forward's autotuner picked 128x64x8x3 in some processes and 256x64x8x3 in others, and
+# the first ran 6-8 % slower under sustained load (docs/results/h100/gluon_paths/README.md).
+# AUTOTUNE_HEAT_MS > 0 runs each config's calls back to back for that long before it is timed, so it
+# is timed at the clock it would keep. 0 (the default) is Triton's own timing. Set it from the
+# environment (BENCHLAB_AUTOTUNE_HEAT_MS) or here, before the first call of a shape.
+AUTOTUNE_HEAT_MS = _heat_ms_from_env(os.environ.get("BENCHLAB_AUTOTUNE_HEAT_MS"))
+
+
+def _run_for_ms(fn, ms: float, max_calls: int = 100_000) -> int:
+    """Call fn back to back for about `ms` of GPU time: one call timed by CUDA events sets how many.
+    Returns the number of calls after the timed one."""
+    fn()  # the first call may compile
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = min(max_calls, int(ms / max(start.elapsed_time(end), 1e-3)))
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return calls
+
+
+def _tuning_bench(kernel_call, quantiles):
+    """How the autotuner times one config: Triton's own benchmarker, after AUTOTUNE_HEAT_MS of the
+    config's calls back to back when that is above 0."""
+    if AUTOTUNE_HEAT_MS > 0:
+        _run_for_ms(kernel_call, AUTOTUNE_HEAT_MS)
+    return _triton_driver.active.get_benchmarker()(kernel_call, quantiles=quantiles)
+
+
 def _autotune(kernel, configs, which: str, key: list[str] = _KEY):
-    return triton.autotune(_noting(configs, which), key=key,
+    return triton.autotune(_noting(configs, which), key=key, do_bench=_tuning_bench,
                            prune_configs_by={"early_config_prune": _pruner(which)})(kernel)
 
 

@@ -481,6 +481,35 @@ def test_a_register_cap_survives_the_autotuners_config_copies():
     assert copied[0].kwargs == {"BLOCK_M": 32, "BLOCK_N": 64} and copied[0].pre_hook is not None
 
 
+def test_the_autotuner_times_configs_through_the_heat_setting(monkeypatch):
+    # every kernel's autotuner times a config with _tuning_bench: Triton's own benchmarker, after
+    # AUTOTUNE_HEAT_MS of back-to-back calls when that is above 0
+    import kernels.flash_triton as ft
+
+    assert all(tuner._do_bench is ft._tuning_bench for tuner in ft._TUNED.values())
+    benched, heated = [], []
+    active = type("Active", (), {"get_benchmarker": lambda self: lambda fn, quantiles: benched.append(quantiles)
+                                  or [1.0, 0.9, 1.1]})()
+    monkeypatch.setattr(ft, "_triton_driver", type("Driver", (), {"active": active})())  # a GPU's benchmarker
+    monkeypatch.setattr(ft, "_run_for_ms", lambda fn, ms: heated.append(ms))
+    call = object()
+    monkeypatch.setattr(ft, "AUTOTUNE_HEAT_MS", 0.0)
+    assert ft._tuning_bench(call, (0.5, 0.2, 0.8)) == [1.0, 0.9, 1.1] and heated == []
+    monkeypatch.setattr(ft, "AUTOTUNE_HEAT_MS", 250.0)
+    ft._tuning_bench(call, (0.5, 0.2, 0.8))
+    assert heated == [250.0] and benched == [(0.5, 0.2, 0.8)] * 2
+
+
+def test_the_heat_setting_from_the_environment_is_checked():
+    import kernels.flash_triton as ft
+
+    assert ft._heat_ms_from_env(None) == 0.0 and ft._heat_ms_from_env("") == 0.0
+    assert ft._heat_ms_from_env("300") == 300.0
+    for bad in ("warm", "-5", "nan"):
+        with pytest.raises(ValueError, match="BENCHLAB_AUTOTUNE_HEAT_MS"):
+            ft._heat_ms_from_env(bad)
+
+
 def test_the_launchers_power_of_two_is_tritons():
     import triton
 
@@ -625,6 +654,23 @@ def _sm90_inputs(shape, seed):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels run on sm_90")
     return [t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=seed)]
+
+
+@pytest.mark.gpu
+def test_gpu_heat_runs_the_call_back_to_back_for_about_the_time_asked():
+    # _run_for_ms (BENCHLAB_AUTOTUNE_HEAT_MS): one timed call sets the count; 0 ms runs only the first two
+    import kernels.flash_triton as ft
+
+    x = torch.randn(1024, 1024, device="cuda")
+    calls = []
+
+    def call():
+        calls.append(1)
+        x @ x
+
+    assert ft._run_for_ms(call, 0.0) == 0 and len(calls) == 2
+    n = ft._run_for_ms(call, 50.0)
+    assert n >= 1 and len(calls) == 2 + 2 + n
 
 
 @pytest.mark.gpu
