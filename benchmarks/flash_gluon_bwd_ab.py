@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                          "each in a plan of its own (repeatable)")
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
     ap.add_argument("--fused-config", action="append", type=parse_config, default=[],
-                    metavar="BM,BN,STAGES,WARPS[,rN]", help="also time the fused backward at this config (repeatable)")
+                    metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
+                    help="also time the fused backward at this config (repeatable; ORDER overlap, defer or ws)")
     ap.add_argument("--pairs", action="store_true",
                     help="also time the Triton kernels back to back in one sample (pair_dq_dkdv as the backward "
                          "runs them, pair_dkdv_dq, twice_dq, twice_dkdv) and each SDPA backward twice")

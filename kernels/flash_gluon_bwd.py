@@ -29,7 +29,9 @@ same program also computes dQ(t) = dS K beside dK's matmul (dS^T through shared 
 into an fp32 accumulator, by Triton's atomic_add or by a red.add through inline PTX (DQ_MODES):
 five matmuls a tile pair where the split backward does seven. On the H200 it ran slower.
 _dkdv_ws_kernel (order "ws") is another: the dK/dV program warp-specialised, a producer warp streaming Q
-and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there. The
+and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there.
+_fused_ws_kernel (the fused kernel's order "ws") puts the two together: each consumer also adds its keys'
+share of dQ (not yet run on a GPU). The
 "-rs" orders (RS_ORDERS) are a third: the score matmuls' resident operands held in registers
 (docs/results/h200/flash_rs/README.md).
 
@@ -435,12 +437,14 @@ def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_
 @gluon.jit
 def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                       stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
-                      IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      STAGES: gl.constexpr, WHICH: gl.constexpr):
+                      ds_smem, dq_base, dq_rows, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr, DQ_MODE: gl.constexpr):
     """Consumer warpgroup WHICH: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every query tile of
     the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
     (dk_base, dv_base: this (z, h)'s). Causal: the tiles above its keys' diagonal are waited for and
-    released unread, the next WG_KEYS / BLOCK_M cross the diagonal."""
+    released unread, the next WG_KEYS / BLOCK_M cross the diagonal. With DQ_MODE (the fused kernel,
+    _fused_ws_kernel) it also adds its keys' share of each tile's dQ, dS K, into dq_base (_step: dS^T
+    through its own slot of ds_smem, the adds by atom or red)."""
     dtype: gl.constexpr = q_smem.dtype
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
@@ -448,6 +452,7 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     my_n = start_n + WHICH * _WG_KEYS
     k_mine = k_smem.index(WHICH)
     v_mine = v_smem.index(WHICH)
+    ds_mine = ds_smem.index(WHICH if DQ_MODE > 0 else 0)  # (a token tile without DQ_MODE)
     if IS_CAUSAL:
         n_skip = gl.minimum(n_iter, WHICH * _WG_KEYS // BLOCK_M)
         n_diag = gl.minimum(n_iter, n_skip + _WG_KEYS // BLOCK_M)
@@ -466,13 +471,13 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     for t in range(n_skip, n_diag):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
-            delta_base, lo, n_q, n_iter, my_n, qk_scale, None, None, 0, True, 0, 0, False, HEAD_DIM, BLOCK_M,
-            _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
+            delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
-            delta_base, lo, n_q, n_iter, my_n, qk_scale, None, None, 0, False, 0, 0, False, HEAD_DIM, BLOCK_M,
-            _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
+            delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     rows = gl.expand_dims(offs_n.to(gl.int64), 1)
@@ -482,17 +487,19 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
 
 
 @gluon.jit
-def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
-                    stride_qz, stride_qh, stride_qm,
-                    stride_kz, stride_kh, stride_kn,
-                    stride_vz, stride_vh, stride_vn,
-                    stride_doz, stride_doh, stride_dom,
-                    stride_dkz, stride_dkh, stride_dkn,
-                    stride_dvz, stride_dvh, stride_dvn,
-                    H, n_q, n_k, sm_scale, qk_scale,
-                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    # _dkdv_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program
+def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
+                     stride_qz, stride_qh, stride_qm,
+                     stride_kz, stride_kh, stride_kn,
+                     stride_vz, stride_vh, stride_vn,
+                     stride_doz, stride_doh, stride_dom,
+                     stride_dkz, stride_dkh, stride_dkn,
+                     stride_dvz, stride_dvh, stride_dvn,
+                     H, n_q, n_k, dq_rows, sm_scale, qk_scale,
+                     IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     DQ_MODE: gl.constexpr):
+    # _fused_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program; DQ_MODE 0 is the
+    # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red)
     pid_n = gl.program_id(1)
     pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
     z = pid_zh // H
@@ -509,6 +516,12 @@ def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    if DQ_MODE > 0:  # each consumer's dS^T for its dQ matmul (a token tile otherwise)
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, BLOCK_M],
+                                            gl.NVMMASharedLayout.get_default_for([_WG_KEYS, BLOCK_M], dtype))
+    else:
+        ds_smem = gl.allocate_shared_memory(dtype, [1, 16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], dtype))
+    dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -531,17 +544,20 @@ def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0)),
+                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
+                                 DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))], [1], [24])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0)),
+                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
+                                 DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1)),
+                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1,
+                                 DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
@@ -549,16 +565,37 @@ def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0)),
+                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
+                                 DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1)),
+                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1,
+                                 DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 2)),
+                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 2,
+                                 DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
+@gluon.jit
+def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
+                    stride_qz, stride_qh, stride_qm,
+                    stride_kz, stride_kh, stride_kn,
+                    stride_vz, stride_vh, stride_vn,
+                    stride_doz, stride_doh, stride_dom,
+                    stride_dkz, stride_dkh, stride_dkn,
+                    stride_dvz, stride_dvh, stride_dvn,
+                    H, n_q, n_k, sm_scale, qk_scale,
+                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    # _dkdv_kernel's signature and grid: _fused_ws_kernel adding no dQ
+    _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DK,
+                     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh,
+                     stride_vn, stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz,
+                     stride_dvh, stride_dvn, H, n_q, n_k, n_q, sm_scale, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_M,
+                     BLOCK_N, STAGES, CONSUMERS, CONSUMER_REGS, 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -718,11 +755,13 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
     rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
     rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
-    orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": ("overlap", "defer")}[kernel]
+    orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": ("overlap", "defer", "ws")}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
     if cfg.order == "ws":
-        return _ws_config_error(head_dim, cfg, elem)
+        if kernel == "fused" and cfg.block_m != 64:
+            return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
+        return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused")
     if kernel == "fused" and cfg.block_m != 64:
         return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
@@ -742,9 +781,10 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     return None
 
 
-def _ws_config_error(head_dim: int, cfg: Config, elem: int) -> str | None:
-    """config_error for the warp-specialised dK/dV kernel: block_n = consumers x WG_KEYS keys, 4 warps
-    each; the register split is the kernel's own (WS_REGS)."""
+def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False) -> str | None:
+    """config_error for the warp-specialised dK/dV kernel (fused: _fused_ws_kernel, which also keeps each
+    consumer's dS^T in shared memory): block_n = consumers x WG_KEYS keys, 4 warps each; the register
+    split is the kernel's own (WS_REGS)."""
     if cfg.num_warps != 4:
         return f"num_warps {cfg.num_warps}: each warp-specialised consumer is one warpgroup, num_warps 4"
     if cfg.block_n % WG_KEYS or cfg.block_n // WG_KEYS not in WS_REGS:
@@ -756,7 +796,8 @@ def _ws_config_error(head_dim: int, cfg: Config, elem: int) -> str | None:
         return f"stages {cfg.stages}: at least 2 (a slot is refilled only after every consumer is done with it)"
     if cfg.maxnreg is not None:
         return f"maxnreg {cfg.maxnreg}: the warp-specialised kernel sets its own registers (WS_REGS)"
-    smem = (2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * elem
+    smem = (2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * elem + (
+        cfg.block_n * cfg.block_m * elem if fused else 0)
     if smem > ft.SMEM_BUDGET:
         return f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots, over {ft.SMEM_BUDGET}"
     return None
@@ -774,11 +815,17 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     if cfg.maxnreg is not None:
         options["maxnreg"] = cfg.maxnreg
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, NUM_WARPS=cfg.num_warps)
-    if kernel == "dkdv" and cfg.order == "ws":
+    if kernel in ("dkdv", "fused") and cfg.order == "ws":
         consumers = cfg.block_n // WG_KEYS
         maxnreg, consumer_regs = WS_REGS[consumers]
-        return (_dkdv_ws_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=consumers,
-                                      CONSUMER_REGS=consumer_regs), {"num_warps": 4, "maxnreg": maxnreg})
+        ws = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=consumers,
+                  CONSUMER_REGS=consumer_regs)
+        options = {"num_warps": 4, "maxnreg": maxnreg}
+        if kernel == "fused":
+            if dq_mode not in DQ_MODES:
+                raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
+            return _fused_ws_kernel, {**ws, "DQ_MODE": 1 if dq_mode == "add" else 2}, options
+        return _dkdv_ws_kernel, ws, options
     order = cfg.order.removesuffix(RS_SUFFIX)  # and the operands in registers where that took a suffix off
     if kernel == "dkdv":
         return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(order), "KV_REGS": order != cfg.order}, options

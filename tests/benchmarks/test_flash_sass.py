@@ -170,6 +170,24 @@ def test_the_warp_specialised_dkdv_kernel_runs_the_overlapped_step_in_each_consu
     assert len(report["loops"]) - len(consumers) == 3, report["loops"]
 
 
+def test_the_warp_specialised_fused_kernel_adds_dq_in_each_consumer(tmp_path):
+    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--head-dim", "64", "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_fused_64x128x2x4_ws_d64.json").read_text())
+    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
+    assert len(consumers) == 4, report["loops"]  # two consumers, each its diagonal tiles then the rest
+    for loop in consumers:  # the overlapped step, dQ's matmul issued beside dK's
+        assert loop == ["dot:st_tok", "dot:dpt_tok", "wait:1", "exp2", "dot:dv_tok", "wait:1", "dot:dk_tok",
+                        "dot:dq_tok", "wait:0"], loop
+    assert report["stack_bytes"] == 0  # at d=64 the consumers' registers hold dQ's tile too
+    adds = ("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")
+    assert any(op.startswith(adds) and ".F32" in op for op in report["sass_ops"]), report["sass_ops"]
+    # the barrier before each consumer's dQ matmul is its own warpgroup's (a named barrier of 128 threads),
+    # not the block's, which the producer warp never reaches
+    ptx = (tmp_path / "gluon_fused_64x128x2x4_ws_d64.ptx").read_text()
+    assert re.search(r"bar\.sync\s+[1-9]\d*, 128;", ptx)
+
+
 def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(tmp_path):
     r = _run("--gluon-bwd", "dq=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path / "ok"))
     assert r.returncode == 0, r.stderr[-3000:]

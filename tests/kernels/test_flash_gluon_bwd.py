@@ -142,6 +142,23 @@ def test_every_shipped_config_is_one_the_kernel_takes():
     assert gb.shipped_config("dkdv", 96, False) is None
 
 
+def test_the_fused_kernel_has_a_warp_specialised_form():
+    # _fused_ws_kernel: the warp-specialised dK/dV program, each consumer also adding its keys' share of dQ;
+    # _dkdv_ws_kernel is it with no dQ
+    cfg = gb.Config(64, 128, 2, 4, "ws")
+    assert gb.config_error("fused", 64, cfg) is None
+    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2)):
+        kernel, config, options = gb.launch_spec("fused", 64, cfg, dq_mode)
+        assert kernel is gb._fused_ws_kernel and config["DQ_MODE"] == mode and config["CONSUMERS"] == 2
+        assert options == {"num_warps": 4, "maxnreg": gb.WS_REGS[2][0]}
+    assert gb.launch_spec("dkdv", 64, cfg)[0] is gb._dkdv_ws_kernel
+    assert "64 query rows" in gb.config_error("fused", 64, gb.Config(32, 128, 2, 4, "ws"))
+    # each consumer's dS^T tile counts in shared memory: 3 consumers at d=128 with 4 slots do not fit
+    assert "shared memory" in gb.config_error("fused", 128, gb.Config(64, 192, 4, 4, "ws"))
+    with pytest.raises(ValueError, match="dq_mode"):
+        gb.launch_spec("fused", 64, cfg, "atomics")
+
+
 def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
     for cfg, consumers in ((gb.Config(64, 64, 2, 4, "ws"), 1), (gb.Config(32, 192, 2, 4, "ws"), 3)):
         kernel, config, options = gb.launch_spec("dkdv", 64, cfg)
@@ -159,7 +176,8 @@ _WS = gb.Config(32, 128, 2, 4, "ws")
 
 @pytest.mark.parametrize(("kernel", "dq_mode", "cfg"), [("dkdv", "add", gb.DKDV_CONFIG), ("dq", "add", gb.DKDV_CONFIG),
                                                        ("fused", "red", gb.DKDV_CONFIG),
-                                                       ("fused", "probe", gb.DKDV_CONFIG), ("dkdv", "add", _WS)])
+                                                       ("fused", "probe", gb.DKDV_CONFIG), ("dkdv", "add", _WS),
+                                                       ("fused", "red", gb.Config(64, 128, 2, 4, "ws"))])
 def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, cfg, monkeypatch):
     # the launcher builds the runtime arguments flash_triton's launch plans replay: one per parameter
     # of the kernel, in its order (each (Z, H, n, d) view's three leading strides, the scalars, then
