@@ -775,6 +775,26 @@ def test_gpu_warp_specialised_dkdv_gives_the_one_warpgroup_kernels_gradients_bit
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "causal"), [((1, 3, 777, 64), True), ((2, 2, 1000, 64), False)])
+@pytest.mark.parametrize("dq_mode", ["add", "red"])
+def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(shape, causal, dq_mode):
+    # the warp-specialised fused study kernel (not shipped): dV bit for bit the one-warpgroup Gluon
+    # kernel's (the same step on each consumer's keys); dK (from torch's Delta, not the dQ kernel's) and
+    # dQ (summed over the key tiles' programs in fp32) within rounding of the split backward's, every row
+    import kernels.flash_gluon_bwd as gb
+
+    q, k, v, do = _sm90_inputs(shape, seed=9)
+    o, lse = flash_attention_forward(q, k, v, causal)
+    want_dq, delta = gb.dq(q, k, v, o, do, lse, causal)
+    want_dk, want_dv = gb.dkdv(q, k, v, do, lse, delta, causal, gb.Config(64, 64, 2, 4))
+    dq, dk, dv = gb.fused_backward(q, k, v, o, lse, do, causal, gb.Config(64, 128, 2, 4, "ws"), dq_mode=dq_mode)
+    assert torch.equal(dv, want_dv)
+    for got, want in ((dq, want_dq), (dk, want_dk)):
+        assert torch.isfinite(got).all()
+        assert (got.float() - want.float()).abs().amax(dim=-1).max().item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 8, 512, 64), (2, 4, 512, 128)])  # d=128: the Gluon dK/dV kernel
 def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape):
     q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=5))
