@@ -573,8 +573,8 @@ def _heat_ms_from_env(value: str | None) -> float:
 # H100 the d=128 forward's autotuner picked 128x64x8x3 in some processes and 256x64x8x3 in others, and
 # the first ran 6-8 % slower under sustained load (docs/results/h100/gluon_paths/README.md).
 # AUTOTUNE_HEAT_MS > 0 runs each config's calls back to back for that long before it is timed, so it
-# is timed at the clock it would keep. 0 (the default) is Triton's own timing. Set it from the
-# environment (BENCHLAB_AUTOTUNE_HEAT_MS) or here, before the first call of a shape.
+# is timed at the clock it would keep. 0 (the default) is Triton's own timing. It is read from the
+# environment (BENCHLAB_AUTOTUNE_HEAT_MS) when this module is imported.
 AUTOTUNE_HEAT_MS = _heat_ms_from_env(os.environ.get("BENCHLAB_AUTOTUNE_HEAT_MS"))
 
 
@@ -604,7 +604,8 @@ def _tuning_bench(kernel_call, quantiles):
 
 
 def _autotune(kernel, configs, which: str, key: list[str] = _KEY):
-    timing = {"do_bench": _tuning_bench} if _triton_driver is not None else {}
+    # Triton's own timing, untouched, unless the environment asked for heat when this module was imported
+    timing = {"do_bench": _tuning_bench} if AUTOTUNE_HEAT_MS > 0 and _triton_driver is not None else {}
     return triton.autotune(_noting(configs, which), key=key, **timing,
                            prune_configs_by={"early_config_prune": _pruner(which)})(kernel)
 

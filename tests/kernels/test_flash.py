@@ -482,11 +482,14 @@ def test_a_register_cap_survives_the_autotuners_config_copies():
 
 
 def test_the_autotuner_times_configs_through_the_heat_setting(monkeypatch):
-    # every kernel's autotuner times a config with _tuning_bench: Triton's own benchmarker, after
-    # AUTOTUNE_HEAT_MS of back-to-back calls when that is above 0
+    # with BENCHLAB_AUTOTUNE_HEAT_MS above 0 at import, every kernel's autotuner times a config with
+    # _tuning_bench: Triton's own benchmarker after that many ms of back-to-back calls; at 0 (the
+    # default) the autotuners keep Triton's own timing untouched
     import kernels.flash_triton as ft
 
-    assert all(tuner._do_bench is ft._tuning_bench for tuner in ft._TUNED.values())
+    assert ft.AUTOTUNE_HEAT_MS == 0.0 and all(tuner._do_bench is None for tuner in ft._TUNED.values())
+    monkeypatch.setattr(ft, "AUTOTUNE_HEAT_MS", 300.0)
+    assert ft._autotune(ft._fwd, ft.FWD_CONFIGS, "fwd")._do_bench is ft._tuning_bench
     benched, heated = [], []
     active = type("Active", (), {"get_benchmarker": lambda self: lambda fn, quantiles: benched.append(quantiles)
                                   or [1.0, 0.9, 1.1]})()
