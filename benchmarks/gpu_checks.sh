@@ -35,6 +35,9 @@
 #                power limit as under the course's rep 10000
 #   course       (named only) the leaderboard test's step as the course times it (torch.compile'd apply,
 #                do_bench), two rounds in turns with cuDNN and SDPA flash (flash_host_time --leaderboard-only)
+#   autotune-heat (named only) BENCHLAB_AUTOTUNE_HEAT_MS 0 against 300: six processes, alternating, each
+#                autotuning the d=128 forward afresh and timing it under sustained load beside a fixed tile
+#                (flash_ab --pin fwd=256,64,8,3); prints each process's picks and its autotuned/fixed ratio
 # Each stage fits a 10-minute call. The two-GPU studies are benchmarks/ddp_study.sh and
 # benchmarks/specs/leaderboard.yaml.
 # Usage: benchmarks/gpu_checks.sh OUT_DIR WHEELHOUSE [PYTHON] [STAGE...]     (from the repository root)
@@ -114,6 +117,19 @@ for stage in $stages; do
       timeout 300 "$py" -m benchmarks.flash_host_time --leaderboard-only --rounds 2 --leaderboard-rep-ms 1000 \
         --out "$out/lb_course.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/lb_course.log" 2>&1
       echo "leaderboard as the course times it rc=$?"; tail -n 8 "$out/lb_course.log" | cut -c1-400 ;;
-    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, suite-sustained, sustained, sustained-long, course)"; exit 2 ;;
+    autotune-heat)
+      for i in 1 2 3; do for heat in 0 300; do
+        BENCHLAB_AUTOTUNE_HEAT_MS=$heat timeout 85 "$py" -m benchmarks.flash_ab --pass fwd --sustain-ms 400 --rounds 3 \
+          --pin fwd=256,64,8,3 --shape 4,16,4096,128 --shape 1,16,16384,128 --shape 4,16,4096,128,causal \
+          --out "$out/autotune_heat_${heat}_$i.json" --commit "${BENCHLAB_COMMIT:-}" > "$out/autotune_heat_${heat}_$i.log" 2>&1
+        echo "autotune heat $heat run $i rc=$?"
+        "$py" -c 'import json, sys; r = json.load(open(sys.argv[1]))
+picks = r.get("autotuned", {}).get("baseline", {}).get("fwd", {})
+for c in r["cells"]:
+    key = (c["shape"][-1], c["causal"], c["shape"][2])
+    pick = [v for k, v in picks.items() if k.startswith("(%d, %s, %d," % key)]
+    print(c["shape"], c["causal"], "autotuned/fixed speed", round(1 / c["speedup"], 3), pick)' "$out/autotune_heat_${heat}_$i.json"
+      done; done ;;
+    *) echo "unknown stage $stage (kernels, kernels-cuda, suites, leaderboard, host, small-grid, small-turns, main-turns, passes-turns, timing, suite-sustained, sustained, sustained-long, course, autotune-heat)"; exit 2 ;;
   esac
 done
