@@ -31,9 +31,8 @@ five matmuls a tile pair where the split backward does seven. On the H200 it ran
 _dkdv_ws_kernel (order "ws") is another: the dK/dV program warp-specialised, a producer warp streaming Q
 and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there.
 _fused_ws_kernel (the fused kernel's order "ws") puts the two together: each consumer also adds its keys'
-share of dQ (not yet run on a GPU). The
-"-rs" orders (RS_ORDERS) are a third: the score matmuls' resident operands held in registers
-(docs/results/h200/flash_rs/README.md).
+share of dQ (not yet run on a GPU). The "-rs" orders (RS_ORDERS) hold the score matmuls' resident
+operands in registers (docs/results/h200/flash_rs/README.md).
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
@@ -288,10 +287,7 @@ def _fused_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     probe, which keeps the matmul and the atomics' addresses). DQ_DEFER (order "defer") issues tile t's
     dQ matmul at step t+1, behind the scores. KV_REGS (DQ_MODE 0, the "-rs" orders) holds K and V in
     registers as the A operands of S^T and dP^T (RS_ORDERS says why). _dkdv_kernel is this with DQ_MODE 0."""
-    pid_n = gl.program_id(1)
-    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-    z = pid_zh // H
-    h = pid_zh % H
+    pid_n, pid_zh, z, h = _program_tile(H, False)  # key tiles in launch order: causal key tile 0 sees the most
     start_n = pid_n * BLOCK_N
     dtype: gl.constexpr = Q.dtype.element_ty
     st_layout: gl.constexpr = _mma_layout(NUM_WARPS, BLOCK_M)    # S^T, dP^T: (BLOCK_N, BLOCK_M)
@@ -500,10 +496,7 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                      DQ_MODE: gl.constexpr):
     # _fused_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program; DQ_MODE 0 is the
     # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red)
-    pid_n = gl.program_id(1)
-    pid_zh = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-    z = pid_zh // H
-    h = pid_zh % H
+    pid_n, pid_zh, z, h = _program_tile(H, False)  # key tiles in launch order: causal key tile 0 sees the most
     start_n = pid_n * BLOCK_N
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -578,6 +571,7 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+
 
 @gluon.jit
 def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
