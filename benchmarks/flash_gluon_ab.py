@@ -5,10 +5,14 @@ backends are timed in rounds, one after another in one process (CUDA events, war
 clock drift falls on all of them. Accuracy: each forward's O and L on the first and the last
 (z, h) pair against a float64 reference (the largest error of any row, which a wrong ragged row
 cannot hide in), and the largest difference from the Triton forward over the whole tensor. A config
-that fails to compile or run is recorded with its error and the run goes on.
+that fails to compile or run is recorded with its error and the run goes on. `--sustain-ms MS` times
+each alone for MS a round instead (flash_ab's sustained mode: the clock each keeps under load); the
+speed-ups are then of the rounds' medians, not of the best round.
 
     python -m benchmarks.flash_gluon_ab --config 128,128,2,8 --config 128,64,3,8 \
         --shape 4,16,4096,128,causal --sdpa cudnn --out gluon_ab.json
+    python -m benchmarks.flash_gluon_ab --config 64,64,3,4 --config 64,64,3,4,overlap-rs --sustain-ms 500 \
+        --rounds 5 --shape 4,16,4096,128 --sdpa cudnn --out gluon_rs.json
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, write_report
+from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, round_stat, time_calls, write_report
 from kernels.names import GLUON_MODES
 
 SHAPES = [((4, 16, 4096, 128), True), ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True),
@@ -25,16 +29,16 @@ CONFIGS = [(64, 64, 3, 4, "overlap"), (128, 128, 2, 4, "ws")]
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str]:
-    """"128,128,2,8" -> (block_m, block_n, stages, num_warps, mode); a trailing ",plain", ",ws" or ",pingpong"
-    picks the mode (GLUON_MODES; default, unnamed, "overlap")."""
+    """"128,128,2,8" -> (block_m, block_n, stages, num_warps, mode); a trailing ",plain", ",ws", ",pingpong",
+    or any of those or ",overlap-rs" with Q in registers, picks the mode (GLUON_MODES; by default "overlap")."""
     parts = [x.strip() for x in text.split(",")]
-    default = GLUON_MODES[0]
-    mode = parts[-1] if parts[-1] in GLUON_MODES[1:] else default
-    sizes = parts if mode == default else parts[:-1]
+    named = parts[-1] in GLUON_MODES
+    mode = parts[-1] if named else GLUON_MODES[0]
+    sizes = parts[:-1] if named else parts
     if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
         raise argparse.ArgumentTypeError(
             f"config {text!r}: want BLOCK_M,BLOCK_N,STAGES,WARPS (positive integers), then optionally a mode: "
-            "'plain', 'ws' or 'pingpong'")
+            f"one of {', '.join(GLUON_MODES[1:])}")
     return (*(int(x) for x in sizes), mode)  # type: ignore[return-value]
 
 
@@ -78,6 +82,8 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--sustain-ms", type=float, default=None, metavar="MS",
+                    help="time each call alone for MS a round (flash_ab's sustained mode) instead of in turns")
     ap.add_argument("--head-start", action="store_true",
                     help="queue a sleep kernel before each sample, so a call's launch cost on the host stays off "
                          "its GPU time (worker.harness.measure's head_start)")
@@ -91,23 +97,34 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="BM,BN,STAGES,WARPS[,MODE]",
                     help=f"a Gluon config (repeatable; default {' '.join(map(config_name, CONFIGS))})")
     ap.add_argument("--head-group", type=int, default=None, help="Gluon grid order (default: as Triton's)")
+    ap.add_argument("--null", action="store_true",
+                    help="time a second copy of the Triton forward too (triton_copy): the spread of a version "
+                         "against itself, beside every speed-up")
     add_run_args(ap)
     args = ap.parse_args(argv)
+    if args.sustain_ms is not None and not args.sustain_ms > 0:
+        ap.error("--sustain-ms must be > 0")
+    if args.sustain_ms is not None and args.head_start:
+        ap.error("--head-start times calls in turns; it does not apply with --sustain-ms")
     import torch
 
     from kernels import flash_gluon, flash_triton
     from worker.harness import fingerprint, measure_rounds
 
     out = Path(args.out)
+    sustained = args.sustain_ms is not None
     configs = args.config or CONFIGS
     report = {"kind": "flash_gluon_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
               "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
+              "sustain_ms": args.sustain_ms, "speedup_of": "median of rounds" if sustained else "best round",
               "cells": []}
     for shape, causal in args.shape or SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
         cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
         calls = {"triton": forward_call(flash_triton.flash_attention_forward, q, k, v, causal)}
+        if args.null:
+            calls["triton_copy"] = forward_call(flash_triton.flash_attention_forward, q, k, v, causal)
         for cfg in configs:
             bm, bn, stages, warps, mode = cfg
             call = forward_call(flash_gluon.flash_attention_forward, q, k, v, causal, block_m=bm, block_n=bn,
@@ -130,10 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                 cell["errors"][name]["lse_max_diff_vs_triton"] = (lse - l_tri).abs().max().item()
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, q, causal)  # q: the unused gradient slot
-        cell["host_ms"] = {}
-        cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
-                                         head_start=args.head_start, host=cell["host_ms"])
-        best = {name: min(xs) for name, xs in ms.items()}
+        if sustained:
+            cell["ms"] = ms = time_calls(calls, rounds=args.rounds, repeats=args.repeats, sustain_ms=args.sustain_ms)
+        else:
+            cell["host_ms"] = {}
+            cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
+                                             head_start=args.head_start, host=cell["host_ms"])
+        best = {name: round_stat(xs, sustained) for name, xs in ms.items()}
         cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
         for backend in args.sdpa:
             cell[f"speedup_vs_sdpa_{backend}"] = {name: best[f"sdpa_{backend}"] / t for name, t in best.items()}

@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.names import GLUON_MODES
+from kernels.names import GLUON_MODES, GLUON_RS_SUFFIX
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -135,6 +135,18 @@ def _online_softmax(s, m_i, l_i, start_n, start_m, n_k, hi_unmasked, qk_scale, I
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _q_operand(q_smem, IN_REGISTERS: gl.constexpr, s_layout: gl.constexpr):
+    """Q as the A operand of S = Q K^T: loaded once into registers (the "-rs" modes), so each score
+    matmul reads only K from shared memory, or left in shared memory. At 64 keys a step both operands
+    in shared memory take 128 B a clock (2 KB + 2 KB in the 32 clocks of a 64 x 64 x 16 block), all an
+    SM has; Q in registers costs HEAD_DIM / 4 registers a thread (32 at d=128)."""
+    if IN_REGISTERS:
+        return q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        return q_smem
 
 
 @gluon.jit
@@ -244,7 +256,7 @@ def _fwd_kernel(Q, K, V, O, L,
                 stride_oz, stride_oh, stride_om,
                 H, n_q, n_k, qk_scale,
                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr):
+                STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, OVERLAP: gl.constexpr, Q_REGS: gl.constexpr):
     pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)
     start_m = pid_m * BLOCK_M
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -272,17 +284,18 @@ def _fwd_kernel(Q, K, V, O, L,
         tma.async_copy_global_to_shared(v_desc, [i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=i < n_iter)
 
     mbarrier.wait(q_bar, 0)
+    q_a = _q_operand(q_smem, Q_REGS, s_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     if OVERLAP:
         mbarrier.wait(k_bars.index(0), 0)
         # (no ping-pong here: k_bars stands in for the turn barriers, which PINGPONG=False never touches)
-        p, m_i, l_i = _first_tile(q_smem, k_smem.index(0), start_m, n_k, hi_unmasked, qk_scale, k_bars,
+        p, m_i, l_i = _first_tile(q_a, k_smem.index(0), start_m, n_k, hi_unmasked, qk_scale, k_bars,
                                   IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout, 0, False)
         for t in range(1, n_iter):
             prev = (t - 1) % STAGES
             mbarrier.wait(k_bars.index(t % STAGES), (t // STAGES) & 1)
             mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
-            p, acc, m_i, l_i = _overlapped_step(q_smem, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i,
+            p, acc, m_i, l_i = _overlapped_step(q_a, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i,
                                                 l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale, k_bars, t,
                                                 IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout, o_layout, 0, False)
             _refill(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev, t - 1 + STAGES, n_iter, kv_bytes,
@@ -297,7 +310,7 @@ def _fwd_kernel(Q, K, V, O, L,
         for t in range(0, n_iter):
             slot = t % STAGES
             mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
+            s = warpgroup_mma(q_a, k_smem.index(slot).permute((1, 0)),
                               gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False)
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, t * BLOCK_N, start_m, n_k, hi_unmasked, qk_scale,
                                                  IS_CAUSAL, BLOCK_M, BLOCK_N, s_layout)
@@ -369,7 +382,8 @@ def _ws_stream(a_desc, b_desc, a_smem, b_smem, ready_bars, empty_bars, first_row
 @gluon.jit
 def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m, n_q, n_k,
                  n_iter, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, WHICH: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
+                 WHICH: gl.constexpr):
     """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through every key tile, in
     the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
     consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's."""
@@ -377,9 +391,9 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     first_row = start_m + WHICH * rows
-    q_mine = q_smem.index(WHICH)
 
     mbarrier.wait(q_bar, 0)
+    q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
     mbarrier.wait(ready_bars.index(0), 0)
     p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
                               IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
@@ -415,7 +429,7 @@ def _fwd_ws_kernel(Q, K, V, O, L,
                    H, n_q, n_k, qk_scale,
                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                   PINGPONG: gl.constexpr):
+                   PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
     pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)
     rows: gl.constexpr = 64  # WG_ROWS
     BLOCK_M: gl.constexpr = CONSUMERS * rows
@@ -450,17 +464,17 @@ def _fwd_ws_kernel(Q, K, V, O, L,
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                            STAGES, PINGPONG, 0)),
+                            STAGES, PINGPONG, Q_REGS, 0)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                            STAGES, PINGPONG, 1)),
+                            STAGES, PINGPONG, Q_REGS, 1)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                            STAGES, PINGPONG, 0)),
+                            STAGES, PINGPONG, Q_REGS, 0)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS))], [1], [24])
 
@@ -520,8 +534,11 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
 
     "overlap" is FA-3's order in each warpgroup of the program, "plain" each tile's S, softmax and P V
     in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
-    warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls."""
+    warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls. Each with the
+    "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand)."""
     _check_mode(mode)
+    q_regs = mode.endswith(GLUON_RS_SUFFIX)
+    mode = mode.removesuffix(GLUON_RS_SUFFIX)
     warp_specialized = mode in ("ws", "pingpong")
     why = config_error(head_dim, block_m, block_n, stages, num_warps, warp_specialized=warp_specialized)
     if not why and mode == "pingpong" and block_m != 2 * WG_ROWS:
@@ -532,10 +549,11 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
         consumers = block_m // WG_ROWS
         return (_fwd_ws_kernel,
                 dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS,
-                     PINGPONG=mode == "pingpong"),
+                     PINGPONG=mode == "pingpong", Q_REGS=q_regs),
                 {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     return (_fwd_kernel,
-            dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps, OVERLAP=mode == "overlap"),
+            dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps, OVERLAP=mode == "overlap",
+                 Q_REGS=q_regs),
             {"num_warps": num_warps})
 
 

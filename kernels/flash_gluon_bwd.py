@@ -68,6 +68,7 @@ from kernels.flash_gluon import (
     _refill,
     _ws_stream,
 )
+from kernels.names import GLUON_RS_SUFFIX
 
 # loop orders (the kernel's ORDER is the index): "overlap" as drawn above, "defer" that with dK's
 # matmul of tile t issued behind tile t+1's S^T and dP^T, "plain" each matmul waited for at once
@@ -78,7 +79,7 @@ ORDERS = ("overlap", "defer", "plain")
 # N = 64, 4 KB in the 32 clocks the tensor cores take, 128 B a clock, which is all the SM's shared
 # memory gives; with A in registers, 2 KB. The price is K and V's registers: 32 a thread at 64 keys a
 # warpgroup and d=64. (Triton keeps such an operand in shared memory and reloads it every step.)
-RS_SUFFIX = "-rs"
+RS_SUFFIX = GLUON_RS_SUFFIX
 RS_ORDERS = tuple(o + RS_SUFFIX for o in ORDERS)
 
 

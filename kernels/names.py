@@ -13,8 +13,11 @@ MODEL_ATTENTION_IMPLS = ("naive", "sdpa", "flash_triton", "flash_pytorch")
 
 # the Triton FlashAttention-2 kernels, by the names launch options and the tuning tools use
 FLASH_KERNELS = ("fwd", "dkdv", "dq")
-# the Gluon forward's modes (kernels.flash_gluon), the default first
-GLUON_MODES = ("overlap", "plain", "ws", "pingpong")
+# the Gluon kernels' suffix for "the score matmul's resident operand in registers" (Q in the forward,
+# K and V in dK/dV, Q and dO in dQ): a wgmma then reads only B from shared memory
+GLUON_RS_SUFFIX = "-rs"
+# the Gluon forward's modes (kernels.flash_gluon), the default first, then each with Q in registers
+GLUON_MODES = tuple(m + rs for rs in ("", GLUON_RS_SUFFIX) for m in ("overlap", "plain", "ws", "pingpong"))
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 

@@ -15,7 +15,11 @@ def test_configs_parse_and_bad_ones_are_named():
     assert config_name((64, 64, 3, 4, "overlap")) == "gluon_64x64x3x4"
     assert config_name((64, 64, 3, 4, "plain")) == "gluon_64x64x3x4_plain"
     assert config_name((128, 128, 2, 4, "ws")) == "gluon_128x128x2x4_ws"
-    for bad in ("64,64,3", "64,64,3,4,fast", "64,0,3,4", "a,b,c,d"):
+    # Q in registers: each mode with "-rs", the default one named too
+    assert parse_config("64,64,3,4,overlap-rs") == (64, 64, 3, 4, "overlap-rs")
+    assert parse_config("64,64,3,4,overlap") == parse_config("64,64,3,4")
+    assert config_name(parse_config("128,64,3,4,ws-rs")) == "gluon_128x64x3x4_ws-rs"
+    for bad in ("64,64,3", "64,64,3,4,fast", "64,64,3,4,rs", "64,0,3,4", "a,b,c,d"):
         with pytest.raises(argparse.ArgumentTypeError, match="BLOCK_M,BLOCK_N,STAGES,WARPS"):
             parse_config(bad)
 
@@ -42,3 +46,14 @@ def test_one_wrong_row_shows_in_the_row_maximum_not_the_median():
     err = row_errors(o, lse, ref_o, ref_lse)
     assert err["o_row_max"] == pytest.approx(0.5, abs=1e-6) and err["o_row_median"] < 1e-6
     assert err["lse_max"] < 1e-6
+
+
+@pytest.mark.parametrize(("argv", "named"), [(["--sustain-ms", "0"], "--sustain-ms must be > 0"),
+                                             (["--sustain-ms", "100", "--head-start"], "--head-start")])
+def test_bad_timing_arguments_are_named_before_anything_runs(tmp_path, capsys, argv, named):
+    from benchmarks.flash_gluon_ab import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path / "r.json")])
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -156,6 +156,26 @@ def test_the_rs_orders_give_the_score_matmuls_their_a_operands_from_registers(tm
     assert a_operands["overlap-rs"]["registers"] == sum(a_operands["overlap"].values())
 
 
+@pytest.mark.parametrize(("cfg", "mode"), [("64,64,3,4", "overlap"), ("128,64,3,4", "ws")])
+def test_the_forwards_rs_modes_give_the_score_matmul_q_from_registers(tmp_path, cfg, mode):
+    # the forward's S = Q K^T is SS in its mode and RS with "-rs" (Q loaded once, before the loop); O += P V
+    # takes P from registers in both. The loops keep their matmuls and waits, and nothing spills.
+    a_operands, reports = {}, {}
+    for m in (mode, mode + "-rs"):
+        out = tmp_path / m
+        r = _run("--gluon", f"{cfg},{m}", "--head-dim", "128", "--causal", "--out", str(out))
+        assert r.returncode == 0, r.stderr[-3000:]
+        (report_path,) = out.glob("*.json")
+        reports[m] = json.loads(report_path.read_text())
+        hgmma = re.findall(r"HGMMA\.\S+ R\d+, (R\d+|gdesc)", report_path.with_suffix(".sass").read_text())
+        a_operands[m] = Counter("smem" if a == "gdesc" else "registers" for a in hgmma)
+    rs = mode + "-rs"
+    assert reports[mode]["loops"] == reports[rs]["loops"] and reports[mode]["loops"]
+    assert a_operands[mode]["smem"] > 0 and a_operands[mode]["registers"] > 0
+    assert a_operands[rs]["smem"] == 0 and a_operands[rs]["registers"] == sum(a_operands[mode].values())
+    assert reports[rs]["stack_bytes"] == 0
+
+
 def test_the_warp_specialised_dkdv_kernel_runs_the_overlapped_step_in_each_consumer(tmp_path):
     r = _run("--gluon-bwd", "dkdv=64,128,2,4,ws", "--head-dim", "64", "--causal", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]

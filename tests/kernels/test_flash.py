@@ -730,6 +730,22 @@ def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [(64, 64, 3, 4, "overlap"), (64, 64, 2, 4, "plain"), (128, 64, 3, 4, "ws")])
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False),
+                                               ((1, 3, 4097, 64), True)])
+def test_gpu_gluon_forward_with_q_in_registers_gives_its_shared_memory_modes_output(cfg, shape, causal):
+    # "-rs" changes only where the score matmul reads Q from: the same products in the same order, so
+    # O and L are bit for bit those of the mode without it, ragged last tiles included
+    import kernels.flash_gluon as fg
+
+    q, k, v, _ = _sm90_inputs(shape, seed=7)
+    *tile, mode = cfg
+    want_o, want_l = fg.flash_attention_forward(q, k, v, causal, *tile, mode=mode)
+    got_o, got_l = fg.flash_attention_forward(q, k, v, causal, *tile, mode=mode + "-rs")
+    assert torch.isfinite(want_o).all() and torch.equal(got_o, want_o) and torch.equal(got_l, want_l)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
 def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape, causal):
     # LaunchOptions(gluon_dq=True) launches the Gluon dQ kernel (which writes Delta too): the backward's dQ

@@ -65,6 +65,18 @@ def test_the_launcher_checks_before_it_launches():
         flash_gluon.flash_attention_forward(q, q, q[..., :32, :])
 
 
+@pytest.mark.parametrize(("cfg", "mode"), [((64, 64, 3, 4), "overlap"), ((64, 64, 2, 4), "plain"),
+                                          ((128, 64, 3, 4), "ws"), ((128, 64, 3, 4), "pingpong")])
+def test_each_mode_with_q_in_registers_is_the_same_kernel_with_q_regs_set(cfg, mode):
+    kernel, config, options = flash_gluon.launch_spec(128, *cfg, mode)
+    rs_kernel, rs_config, rs_options = flash_gluon.launch_spec(128, *cfg, mode + "-rs")
+    assert rs_kernel is kernel and rs_options == options
+    assert config.pop("Q_REGS") is False and rs_config.pop("Q_REGS") is True
+    assert rs_config == config
+    with pytest.raises(ValueError, match="pingpong takes two consumer warpgroups"):  # the checks apply to "-rs" too
+        flash_gluon.launch_spec(128, 64, 64, 3, 4, "pingpong-rs")
+
+
 def test_the_scale_is_log2e_over_sqrt_d():
     assert flash_gluon.qk_scale(64) == pytest.approx(1.4426950408889634 / 8)
 
