@@ -16,8 +16,12 @@ FLASH_KERNELS = ("fwd", "dkdv", "dq")
 # the Gluon kernels' suffix for "the score matmul's resident operand in registers" (Q in the forward,
 # K and V in dK/dV, Q and dO in dQ): a wgmma then reads only B from shared memory
 GLUON_RS_SUFFIX = "-rs"
-# the Gluon forward's modes (kernels.flash_gluon), the default first, then each with Q in registers
-GLUON_MODES = tuple(m + rs for rs in ("", GLUON_RS_SUFFIX) for m in ("overlap", "plain", "ws", "pingpong"))
+# the Gluon forward's modes (kernels.flash_gluon), the default first, then those with Q in registers.
+# "plain-rs" is left out: compiled (Triton 3.6 and 3.7.1, sm_90), its P V matmul at d=64 took P in the
+# registers that still held Q for the next tile's scores, and the outputs were wrong
+# (docs/results/h100/forward_rs/README.md)
+GLUON_MODES = ("overlap", "plain", "ws", "pingpong",
+               *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")))
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 

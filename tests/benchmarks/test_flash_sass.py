@@ -176,6 +176,41 @@ def test_the_forwards_rs_modes_give_the_score_matmul_q_from_registers(tmp_path, 
     assert reports[rs]["stack_bytes"] == 0
 
 
+def _registers_written_after_q_loads(sass: str) -> list[str]:
+    """Instructions of a one-warpgroup kernel that write a register the Q tile was loaded into (LDSM)
+    after that load: Q is read by every tile's score matmul, so none may."""
+    lines = [line.strip() for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    ldsm = re.compile(r"LDSM\.16\.M88\.4 R(\d+),")
+    loads = [(i, int(m.group(1))) for i, line in enumerate(lines) if (m := ldsm.search(line))]
+    q_regs = {base + k for _, base in loads for k in range(4)}
+    written = []
+    for line in lines[loads[0][0]:]:
+        m = re.match(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+R(\d+)", line)
+        if m and not m.group(1).startswith(("HGMMA", "LDSM", "ST")) and int(m.group(2)) in q_regs:
+            written.append(line)
+    return written
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_q_held_in_registers_is_never_overwritten_in_the_forward_loop(tmp_path, head_dim):
+    # "plain-rs", left out of GLUON_MODES, compiled at d=64 to a P V matmul whose P was written into Q's
+    # registers (wrong outputs on the GPU); the overlap order keeps Q's registers for Q alone
+    r = _run("--gluon", "64,64,3,4,overlap-rs", "--head-dim", str(head_dim), "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (sass,) = tmp_path.glob("*.sass")
+    assert _registers_written_after_q_loads(sass.read_text()) == []
+
+
+def test_the_q_register_check_sees_a_write_into_q():
+    sass = """
+        /*0010*/                   LDSM.16.M88.4 R100, [R3+UR8+0x8000] ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, R100, gdesc[UR8], RZ, !UPT ;
+        /*0030*/                   F2FP.BF16.F32.PACK_AB R102, R19, R20 ;
+        /*0040*/                   FADD R27, R100, R19 ;
+"""
+    assert [line.split()[1] for line in _registers_written_after_q_loads(sass)] == ["F2FP.BF16.F32.PACK_AB"]
+
+
 def test_the_warp_specialised_dkdv_kernel_runs_the_overlapped_step_in_each_consumer(tmp_path):
     r = _run("--gluon-bwd", "dkdv=64,128,2,4,ws", "--head-dim", "64", "--causal", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
