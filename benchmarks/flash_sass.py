@@ -11,9 +11,10 @@ time: does a change keep a matmul in flight, add a barrier, or cost registers?
     python -m benchmarks.flash_sass --pin dkdv=64,64,4,2 --head-dim 128 --tma --causal --out sass
     python -m benchmarks.flash_sass --gluon 64,64,3,4 --head-dim 128 --causal --out sass
 
-`--gluon BM,BN,STAGES,WARPS[,plain|,ws|,pingpong]` compiles the Gluon forward (kernels/flash_gluon.py) instead, in
-benchmarks/flash_gluon_ab.py's config order; `--gluon-bwd dkdv=BM,BN,STAGES,WARPS[,ORDER][,rN]` (or dq=..., fused=...)
-one of the Gluon backward kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's.
+`--gluon BM,BN,STAGES,WARPS[,MODE]` (MODE one of kernels.names.GLUON_MODES) compiles the Gluon forward
+(kernels/flash_gluon.py) instead, in benchmarks/flash_gluon_ab.py's config order;
+`--gluon-bwd dkdv=BM,BN,STAGES,WARPS[,ORDER][,rN]` (or dq=..., fused=...) one of the Gluon backward
+kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's.
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
 N matmuls left in flight) and the `exp2`s and `if`s between them, in program order. The report's

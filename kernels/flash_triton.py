@@ -523,8 +523,8 @@ def smem_estimate(cfg: triton.Config, head_dim: int, elem: int, kernel: str) -> 
 
 # Configs the autotuner's short timing bursts favour that lose under sustained load, by (kernel, head
 # dim), 16-bit inputs: left out of the space there. On an H100 the d=128 forward's autotuner picked
-# 128x64x8x3 in 6 of 21 processes on (4, 16, 4096, 128) and (1, 16, 16384, 128) non-causal, and each
-# time it ran 6 %-8 % slower than 256x64x8x3 in the same process; without it the forward read 0.99x-1.03x
+# 128x64x8x3 in 6 of 21 processes on (4, 16, 4096, 128) and (1, 16, 16384, 128) non-causal, and there
+# it ran 4 %-8 % slower than 256x64x8x3; without it the forward read 0.99x-1.03x
 # the full space's on nine d=128 shapes (docs/results/h100/autotune_picks/README.md).
 BURST_ONLY = {("fwd", 128): ((128, 64, 8, 3),)}
 
