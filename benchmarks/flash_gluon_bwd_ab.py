@@ -17,8 +17,9 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
                             between, costs)
   hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
   gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
-  fused_<cfg>[_red]         the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics
-                            (atom, or with _red red), dQ cast; fused_kernel_<cfg>[_red] its kernel alone, and
+  fused_<cfg>[_red|_tma]    the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics
+                            (atom, or with _red red; order ws also _tma, one bulk reduction a tile by the copy
+                            engine), dQ cast; fused_kernel_<cfg>[_red|_tma] its kernel alone, and
                             fused_probe_<cfg> the red kernel adding no row (what the adds' traffic costs)
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
@@ -185,7 +186,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         tensors = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
-        for mode in ("add", "red"):  # the whole backward, checked, then its kernel alone
+        for mode in ("add", "red", "tma")[:3 if cfg.order == "ws" else 2]:  # the whole backward, checked, then alone
             name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}")
             if try_first(name, lambda cfg=cfg, m=mode: dict(zip(
                     ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m), strict=True))):

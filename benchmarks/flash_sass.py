@@ -210,10 +210,12 @@ def compile_gluon_bwd(args, ap) -> int:
     kernel, cfg = args.gluon_bwd
     _gluon_head_dim(args, ap, "--gluon-bwd")
     try:
-        jit_fn, config, options = flash_gluon_bwd.launch_spec(kernel, args.head_dim, flash_gluon_bwd.Config(*cfg))
+        jit_fn, config, options = flash_gluon_bwd.launch_spec(kernel, args.head_dim, flash_gluon_bwd.Config(*cfg),
+                                                              args.dq_mode)
     except ValueError as exc:
         ap.error(f"--gluon-bwd {kernel}={bwd_config_name(cfg)}: {exc}")
-    name = f"gluon_{kernel}_{bwd_config_name(cfg)}_d{args.head_dim}"
+    mode = "" if kernel != "fused" or args.dq_mode == "add" else f"_{args.dq_mode}"
+    name = f"gluon_{kernel}_{bwd_config_name(cfg)}{mode}_d{args.head_dim}"
     return _gluon_listing(args, jit_fn, config, options, name, {"kernel": f"gluon_{kernel}", "config": list(cfg)})
 
 
@@ -226,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                               help="the Gluon forward and its config")
     which_kernel.add_argument("--gluon-bwd", type=parse_gluon_bwd, metavar="KERNEL=BM,BN,STAGES,WARPS[,ORDER][,rN]",
                               help="a Gluon backward kernel (dkdv or dq) and its config")
+    ap.add_argument("--dq-mode", default="add",
+                    help="with --gluon-bwd fused=...: how dQ is added (kernels.flash_gluon_bwd.DQ_MODES)")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--causal", action="store_true")

@@ -47,8 +47,10 @@ from typing import NamedTuple
 
 import torch
 import triton
+from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin as _builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -152,6 +154,30 @@ def _add_dq(dq_base, dq_t, start_m, dq_rows, RED: gl.constexpr, BLOCK_M: gl.cons
         gl.atomic_add(ptrs, dq_t, mask=row_ok, sem="relaxed")
 
 
+@_builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """The copy engine adds the shared-memory tile src into the global tile at coord
+    (cp.reduce.async.bulk.tensor ... .add). Triton's own op (ttng.async_tma_reduce, what tl's descriptor
+    atomic_add lowers to), which Gluon 3.6 and 3.7.1 can build but do not wrap; it completes as a TMA
+    store does (tma.store_wait)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m):
+    """DQ_MODE 3: the tile's dQ share into this warpgroup's staging tile in shared memory, then one bulk
+    reduction of it into the accumulator's rows [start_m, + BLOCK_M) (rows past the descriptor's are
+    clipped), issued by one thread, where the other modes have every thread add its elements. The
+    previous tile's reduction has to have read the staging tile first (store_wait, then the barrier)."""
+    tma.store_wait(0)
+    _block_barrier()
+    dq_stage.store(dq_t)
+    fence_async_shared()
+    _block_barrier()
+    _tma_reduce_add(dq_desc, [start_m, 0], dq_stage)
+
+
 @gluon.jit
 def _stage_ds(ds_smem, ds, NUM_WARPS: gl.constexpr):
     """Write this tile's dS^T where the dQ matmul reads it, once every matmul that read the one before has
@@ -188,14 +214,16 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           ORDER: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr, HEAD_DIM: gl.constexpr,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
-          WS: gl.constexpr = False):
+          WS: gl.constexpr = False, dq_stage=None):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
     accumulator at dq_base (_add_dq: 1 by atom, 2 by red); with DQ_DEFER it issues the tile before's dQ
     matmul behind this tile's scores and leaves this tile's dS^T in shared memory for the next step.
     WS (a consumer of the warp-specialised kernel, ORDER 0 with no dQ): the slot is released through
-    empty_bars for the producer to refill, instead of refilled here."""
+    empty_bars for the producer to refill, instead of refilled here. DQ_MODE 3 (a consumer of the
+    warp-specialised kernel) adds dQ by the copy engine instead (_add_dq_tma): dq_base is then the
+    accumulator's tensor descriptor and dq_stage the warpgroup's fp32 staging tile."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -232,7 +260,10 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             _stage_ds(ds_smem, ds, 4)
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
-            _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
+            if DQ_MODE == 3:
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m)
+            else:
+                _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
         if WS:
             mbarrier.arrive(empty_bars.index(slot), count=1)  # this warpgroup is done with tile t's Q and dO
         else:
@@ -434,14 +465,15 @@ def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_
 @gluon.jit
 def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                       stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
-                      ds_smem, dq_base, dq_rows, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      ds_smem, dq_stage, dq_base, dq_rows, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr, DQ_MODE: gl.constexpr):
     """Consumer warpgroup WHICH: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every query tile of
     the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
     (dk_base, dv_base: this (z, h)'s). Causal: the tiles above its keys' diagonal are waited for and
     released unread, the next WG_KEYS / BLOCK_M cross the diagonal. With DQ_MODE (the fused kernel,
     _fused_ws_kernel) it also adds its keys' share of each tile's dQ, dS K, into dq_base (_step: dS^T
-    through its own slot of ds_smem, the adds by atom or red)."""
+    through its own slot of ds_smem, the adds by atom, red, or with DQ_MODE 3 by the copy engine from its
+    own slot of dq_stage into the descriptor dq_base)."""
     dtype: gl.constexpr = q_smem.dtype
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
@@ -450,6 +482,7 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     k_mine = k_smem.index(WHICH)
     v_mine = v_smem.index(WHICH)
     ds_mine = ds_smem.index(WHICH if DQ_MODE > 0 else 0)  # (a token tile without DQ_MODE)
+    dq_mine = dq_stage.index(WHICH if DQ_MODE == 3 else 0)  # (a token tile but in DQ_MODE 3)
     if IS_CAUSAL:
         n_skip = gl.minimum(n_iter, WHICH * _WG_KEYS // BLOCK_M)
         n_diag = gl.minimum(n_iter, n_skip + _WG_KEYS // BLOCK_M)
@@ -469,12 +502,14 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
-            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
-            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True)
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine)
+    if DQ_MODE == 3:
+        tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     rows = gl.expand_dims(offs_n.to(gl.int64), 1)
@@ -516,6 +551,15 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [1, 16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], dtype))
     dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
+    if DQ_MODE == 3:  # the copy engine adds each consumer's dQ tile from its fp32 staging tile
+        dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
+        dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_smem_layout)
+        dq_target = tma.make_tensor_descriptor(dq_base, shape=[dq_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                               block_shape=[BLOCK_M, HEAD_DIM], layout=dq_smem_layout)
+    else:
+        dq_stage = gl.allocate_shared_memory(gl.float32, [1, 16, 64],
+                                             gl.NVMMASharedLayout.get_default_for([16, 64], gl.float32))
+        dq_target = dq_base
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -538,20 +582,20 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
-                                 DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                                 0, DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))], [1], [24])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
-                                 DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                                 0, DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1,
-                                 DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                                 1, DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
@@ -559,16 +603,16 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
-                                 DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                                 0, DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1,
-                                 DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                                 1, DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_base, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 2,
-                                 DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                                 2, DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -740,9 +784,11 @@ DQ_ORDERS = ("overlap", "plain", "overlap" + RS_SUFFIX, "plain" + RS_SUFFIX)
 # consumers 160: (3 x 160 + 24) x 4 x 32 = 64,512)
 WS_REGS = {1: (128, 128), 2: (168, 232), 3: (128, 160)}
 KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp32 dQ (_fused_kernel)
-# the fused kernel's dQ: added by atom (Triton's atomic_add), by red (inline PTX, nothing returned), or the red
-# kernel with no row added (to price the adds' traffic)
-DQ_MODES = ("add", "red", "probe")
+# the fused kernel's dQ: added by atom (Triton's atomic_add), by red (inline PTX, nothing returned), the red
+# kernel with no row added (to price the adds' traffic), or (order "ws" only) by the copy engine from a staging
+# tile in shared memory, one bulk reduction a tile (_add_dq_tma)
+DQ_MODES = ("add", "red", "probe", "tma")
+_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3}  # the kernels' DQ_MODE (probe: red, adding no row)
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str | None:
@@ -819,7 +865,13 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
         if kernel == "fused":
             if dq_mode not in DQ_MODES:
                 raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-            return _fused_ws_kernel, {**ws, "DQ_MODE": 1 if dq_mode == "add" else 2}, options
+            if dq_mode == "tma":  # each consumer's fp32 staging tile on top of config_error's count
+                smem = ((2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * 2 + cfg.block_n * cfg.block_m * 2
+                        + consumers * cfg.block_m * head_dim * 4)
+                if smem > ft.SMEM_BUDGET:
+                    raise ValueError(f"{smem} bytes of shared memory with the tma adds' staging tiles, over "
+                                     f"{ft.SMEM_BUDGET}")
+            return _fused_ws_kernel, {**ws, "DQ_MODE": _DQ_MODE_IDS[dq_mode]}, options
         return _dkdv_ws_kernel, ws, options
     order = cfg.order.removesuffix(RS_SUFFIX)  # and the operands in registers where that took a suffix off
     if kernel == "dkdv":
@@ -827,7 +879,9 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     if kernel == "fused":
         if dq_mode not in DQ_MODES:
             raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-        return _fused_kernel, {**constexprs, "ORDER": 0, "DQ_MODE": 1 if dq_mode == "add" else 2,
+        if dq_mode == "tma":
+            raise ValueError("dq_mode 'tma': the warp-specialised fused kernel's only (order ws)")
+        return _fused_kernel, {**constexprs, "ORDER": 0, "DQ_MODE": _DQ_MODE_IDS[dq_mode],
                                "DQ_DEFER": cfg.order == "defer", "KV_REGS": False}, options
     return _dq_kernel, {**constexprs, "OVERLAP": order == "overlap", "QDO_REGS": order != cfg.order}, options
 

@@ -243,6 +243,23 @@ def test_the_warp_specialised_fused_kernel_adds_dq_in_each_consumer(tmp_path):
     assert re.search(r"bar\.sync\s+[1-9]\d*, 128;", ptx)
 
 
+def test_the_copy_engines_dq_adds_replace_every_threads_atomics(tmp_path):
+    # dq_mode "tma": each consumer stages its dQ tile in shared memory and one thread has the copy engine add
+    # it (UTMAREDG), in the same loop; no thread adds an element itself
+    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", "tma", "--head-dim", "64", "--causal",
+             "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_fused_64x128x2x4_ws_tma_d64.json").read_text())
+    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
+    assert len(consumers) == 4 and all(loop[-2:] == ["dot:dq_tok", "wait:0"] for loop in consumers), report["loops"]
+    ops = report["sass_ops"]
+    assert any(op.startswith("UTMAREDG") and ".ADD" in op for op in ops), ops
+    assert not any(op.startswith(("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")) for op in ops), ops
+    assert report["stack_bytes"] == 0
+    # before a consumer rewrites its staging tile, the reduction that reads it has finished reading
+    assert "cp.async.bulk.wait_group.read" in (tmp_path / "gluon_fused_64x128x2x4_ws_tma_d64.ptx").read_text()
+
+
 def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(tmp_path):
     r = _run("--gluon-bwd", "dq=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path / "ok"))
     assert r.returncode == 0, r.stderr[-3000:]

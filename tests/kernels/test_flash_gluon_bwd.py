@@ -147,7 +147,7 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     # _dkdv_ws_kernel is it with no dQ
     cfg = gb.Config(64, 128, 2, 4, "ws")
     assert gb.config_error("fused", 64, cfg) is None
-    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2)):
+    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2), ("tma", 3)):
         kernel, config, options = gb.launch_spec("fused", 64, cfg, dq_mode)
         assert kernel is gb._fused_ws_kernel and config["DQ_MODE"] == mode and config["CONSUMERS"] == 2
         assert options == {"num_warps": 4, "maxnreg": gb.WS_REGS[2][0]}
@@ -157,6 +157,13 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     assert "shared memory" in gb.config_error("fused", 128, gb.Config(64, 192, 4, 4, "ws"))
     with pytest.raises(ValueError, match="dq_mode"):
         gb.launch_spec("fused", 64, cfg, "atomics")
+    # the copy engine's adds: the warp-specialised kernel's only, and each consumer's fp32 staging tile
+    # counts in shared memory (two consumers at d=128: 208 KiB)
+    with pytest.raises(ValueError, match="order ws"):
+        gb.launch_spec("fused", 64, gb.Config(64, 64, 2, 4), "tma")
+    with pytest.raises(ValueError, match="staging tiles"):
+        gb.launch_spec("fused", 128, cfg, "tma")
+    assert gb.launch_spec("fused", 128, cfg, "red")[1]["DQ_MODE"] == 2
 
 
 def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
