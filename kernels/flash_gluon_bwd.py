@@ -31,8 +31,10 @@ five matmuls a tile pair where the split backward does seven. On the H200 it ran
 _dkdv_ws_kernel (order "ws") is another: the dK/dV program warp-specialised, a producer warp streaming Q
 and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there.
 _fused_ws_kernel (the fused kernel's order "ws") puts the two together: each consumer also adds its keys'
-share of dQ (not yet run on a GPU). The "-rs" orders (RS_ORDERS) hold the score matmuls' resident
-operands in registers (docs/results/h200/flash_rs/README.md).
+share of dQ, by atom, red, or (DQ_MODE 3, "tma") one bulk reduction of a staged tile by the copy engine,
+the cheapest of the three on an H100 but the kernel still slower than the split backward there. The "-rs"
+orders (RS_ORDERS) hold the score matmuls' resident operands in registers
+(docs/results/h200/flash_rs/README.md).
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
