@@ -186,7 +186,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         tensors = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
-        for mode in ("add", "red", "tma")[:3 if cfg.order == "ws" else 2]:  # the whole backward, checked, then alone
+        modes = ("add", "red", "tma") if cfg.order == "ws" else ("add", "red")  # tma: the ws kernel's only
+        for mode in modes:  # the whole backward, checked, then its kernel alone
             name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}")
             if try_first(name, lambda cfg=cfg, m=mode: dict(zip(
                     ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m), strict=True))):

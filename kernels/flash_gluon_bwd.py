@@ -170,7 +170,8 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m):
     """DQ_MODE 3: the tile's dQ share into this warpgroup's staging tile in shared memory, then one bulk
     reduction of it into the accumulator's rows [start_m, + BLOCK_M) (rows past the descriptor's are
-    clipped), issued by one thread, where the other modes have every thread add its elements. The
+    clipped), issued by an elected thread per 128-byte column box, where the other modes have every
+    thread add its elements. The
     previous tile's reduction has to have read the staging tile first (store_wait, then the barrier)."""
     tma.store_wait(0)
     _block_barrier()
