@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -1008,21 +1009,64 @@ def flash_attention_backward(q, k, v, o, lse, do, is_causal: bool = False, dq_cf
 
 
 FUSED_CONFIG = Config(64, 64, 2, 4)
+PREP_ROWS = 64  # query rows a program of _fused_prep_kernel
+
+
+@triton.jit
+def _fused_prep_kernel(O, DO, Delta, DQ_ACC, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
+                       H, n_q, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """What the fused kernel needs first, for ROWS query rows of one (z, h) a program: Delta = rowsum(O * dO)
+    in fp32, and those rows of the fp32 dQ accumulator ((Z*H, n_q, HEAD_DIM), contiguous) zeroed. One
+    read of O and dO, where torch's (o.float() * do.float()).sum(-1) and zeros make four passes."""
+    pid_m, pid_zh = tl.program_id(0), tl.program_id(1)
+    z, h = pid_zh // H, pid_zh % H
+    offs_m = pid_m * ROWS + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < n_q
+    rows = offs_m.to(tl.int64)[:, None]
+    o = tl.load(O + z.to(tl.int64) * stride_oz + h.to(tl.int64) * stride_oh + rows * stride_om + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh + rows * stride_dom + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, tl.sum(o * do, axis=1), mask=row_ok)
+    acc_rows = (pid_zh.to(tl.int64) * n_q + rows) * HEAD_DIM
+    tl.store(DQ_ACC + acc_rows + offs_d[None, :], tl.zeros([ROWS, HEAD_DIM], tl.float32), mask=row_ok[:, None])
+
+
+def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Delta, a zeroed fp32 dQ accumulator) for the fused backward: Delta = rowsum(O * dO) in fp32, shaped
+    o.shape[:-1]; the accumulator contiguous, shaped like o (`acc` if given). One kernel (_fused_prep_kernel)."""
+    o4, do4 = ft._as_zhnd(o), ft._as_zhnd(do)
+    Z, H, n_q, d = o4.shape
+    if o.stride(-1) != 1 or do.stride(-1) != 1 or d & (d - 1):
+        raise ValueError(f"out and dO need unit stride along d and a power-of-two d, got strides "
+                         f"{o.stride(-1)}, {do.stride(-1)} and d={d}")
+    delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)
+    if acc is None:
+        acc = torch.empty(o.shape, dtype=torch.float32, device=o.device)
+    elif acc.shape != o.shape or acc.dtype != torch.float32 or not acc.is_contiguous():
+        raise ValueError(f"acc {tuple(acc.shape)} {acc.dtype}: want a contiguous fp32 tensor of out's shape "
+                         f"{tuple(o.shape)}")
+    _fused_prep_kernel[(triton.cdiv(n_q, PREP_ROWS), Z * H)](o4, do4, delta, acc, *o4.stride()[:3], *do4.stride()[:3],
+                                                            H, n_q, HEAD_DIM=d, ROWS=PREP_ROWS)
+    return delta, acc
 
 
 def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = FUSED_CONFIG,
                    head_group: int | None = None, dq_mode: str = "add"):
-    """(dQ, dK, dV) from one fused kernel (_fused_kernel): Delta = rowsum(O * dO) by torch first, dQ added in
-    fp32 by every key tile's program, then scaled and cast. An experiment beside the split backward
-    (docs/results/h200/flash_gluon_bwd/); dq_mode "probe" leaves dQ zero (DQ_MODES)."""
+    """(dQ, dK, dV) from one fused kernel (_fused_kernel): Delta = rowsum(O * dO) and the zeroed fp32
+    accumulator first (fused_prep), dQ added in fp32 by every key tile's program, then scaled and cast in
+    one pass. An experiment beside the split backward (docs/results/h200/flash_gluon_bwd/); dq_mode "probe"
+    leaves dQ zero (DQ_MODES)."""
     _check(q, k, v, do, {"lse": lse})
     if o.shape != q.shape or o.dtype != q.dtype:
         raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
     q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
-    delta = (o.float() * do.float()).sum(-1)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    delta, dq_acc = fused_prep(o, do)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
     launch("fused", (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), dq_acc), is_causal, cfg,
            group, dq_mode)
-    return (dq_acc * _scales(q.shape[-1])[0]).to(q.dtype), dk, dv
+    dq_ = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    torch.mul(dq_acc, _scales(q.shape[-1])[0], out=dq_)  # fp32 product, cast into dQ's dtype as it is written
+    return dq_, dk, dv

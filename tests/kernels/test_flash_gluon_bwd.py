@@ -226,3 +226,26 @@ def test_launch_hands_each_kernel_parameter_its_value(kernel, dq_mode, cfg, monk
     rows = 96 if kernel == "dq" else 160
     block = cfg.block_m if kernel == "dq" else cfg.block_n
     assert seen["grid"] == (3, -(-rows // block), 2)
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((2, 3, 77, 64), torch.bfloat16), ((3, 130, 128), torch.float16),
+                                              ((1, 2, 64, 64), torch.float32)])
+def test_the_fused_backwards_prep_gives_torchs_delta_and_zeroes_every_row(shape, dtype):
+    # one Triton kernel (run here by the interpreter): Delta = rowsum(O * dO) in fp32, and every row of the
+    # fp32 dQ accumulator zeroed (it starts NaN-filled), O given as a strided view
+    gen = torch.Generator().manual_seed(3)
+    o, do = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    o_strided = o.transpose(-2, -3).contiguous().transpose(-2, -3) if o.dim() == 4 else o
+    acc = torch.full(shape, float("nan"))
+    delta, got = gb.fused_prep(o_strided, do, acc)
+    assert got is acc and torch.equal(acc, torch.zeros(shape))
+    assert delta.shape == shape[:-1] and delta.dtype == torch.float32
+    assert torch.allclose(delta, (o.float() * do.float()).sum(-1), atol=1e-5)
+
+
+def test_the_fused_backwards_prep_names_what_it_cannot_take():
+    o = torch.randn(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="unit stride along d"):
+        gb.fused_prep(o.transpose(-1, -2), o.transpose(-1, -2))
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        gb.fused_prep(o, o, torch.zeros(1, 2, 16, 64, dtype=torch.float16))
