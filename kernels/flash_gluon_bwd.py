@@ -795,18 +795,21 @@ DQ_MODES = ("add", "red", "probe", "tma")
 _DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3}  # the kernels' DQ_MODE (probe: red, adding no row)
 
 
-def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str | None:
-    """Why `cfg` cannot run in `kernel` (KERNELS) at this head dim, or None if it can."""
+def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
+    """Why `cfg` cannot run in `kernel` (KERNELS) at this head dim (the fused kernel: with its dQ added
+    as dq_mode says, DQ_MODES), or None if it can."""
     keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
     rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
     rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
     orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": ("overlap", "defer", "ws")}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
+    if kernel == "fused" and dq_mode == "tma" and cfg.order != "ws":
+        return "dq_mode 'tma': the warp-specialised fused kernel's only (order ws)"
     if cfg.order == "ws":
         if kernel == "fused" and cfg.block_m != 64:
             return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
-        return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused")
+        return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused", staged=dq_mode == "tma")
     if kernel == "fused" and cfg.block_m != 64:
         return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
@@ -826,10 +829,10 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2) -> str 
     return None
 
 
-def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False) -> str | None:
+def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False, staged: bool = False) -> str | None:
     """config_error for the warp-specialised dK/dV kernel (fused: _fused_ws_kernel, which also keeps each
-    consumer's dS^T in shared memory): block_n = consumers x WG_KEYS keys, 4 warps each; the register
-    split is the kernel's own (WS_REGS)."""
+    consumer's dS^T in shared memory; staged: and its fp32 dQ staging tile, dq_mode "tma"): block_n =
+    consumers x WG_KEYS keys, 4 warps each; the register split is the kernel's own (WS_REGS)."""
     if cfg.num_warps != 4:
         return f"num_warps {cfg.num_warps}: each warp-specialised consumer is one warpgroup, num_warps 4"
     if cfg.block_n % WG_KEYS or cfg.block_n // WG_KEYS not in WS_REGS:
@@ -842,9 +845,12 @@ def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False)
     if cfg.maxnreg is not None:
         return f"maxnreg {cfg.maxnreg}: the warp-specialised kernel sets its own registers (WS_REGS)"
     smem = (2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * elem + (
-        cfg.block_n * cfg.block_m * elem if fused else 0)
+        cfg.block_n * cfg.block_m * elem if fused else 0) + (
+        cfg.block_n // WG_KEYS * cfg.block_m * head_dim * 4 if staged else 0)
     if smem > ft.SMEM_BUDGET:
-        return f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots, over {ft.SMEM_BUDGET}"
+        staging = " and the tma adds' staging tiles" if staged else ""
+        return (f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots{staging}, over "
+                f"{ft.SMEM_BUDGET}")
     return None
 
 
@@ -853,7 +859,9 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     naming what is wrong with them."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: one of {', '.join(KERNELS)}")
-    why = config_error(kernel, head_dim, cfg)
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
+    why = config_error(kernel, head_dim, cfg, dq_mode=dq_mode)
     if why:
         raise ValueError(why)
     options = {"num_warps": cfg.num_warps}
@@ -867,24 +875,12 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
                   CONSUMER_REGS=consumer_regs)
         options = {"num_warps": 4, "maxnreg": maxnreg}
         if kernel == "fused":
-            if dq_mode not in DQ_MODES:
-                raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-            if dq_mode == "tma":  # each consumer's fp32 staging tile on top of config_error's count
-                smem = ((2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * 2 + cfg.block_n * cfg.block_m * 2
-                        + consumers * cfg.block_m * head_dim * 4)
-                if smem > ft.SMEM_BUDGET:
-                    raise ValueError(f"{smem} bytes of shared memory with the tma adds' staging tiles, over "
-                                     f"{ft.SMEM_BUDGET}")
             return _fused_ws_kernel, {**ws, "DQ_MODE": _DQ_MODE_IDS[dq_mode]}, options
         return _dkdv_ws_kernel, ws, options
     order = cfg.order.removesuffix(RS_SUFFIX)  # and the operands in registers where that took a suffix off
     if kernel == "dkdv":
         return _dkdv_kernel, {**constexprs, "ORDER": ORDERS.index(order), "KV_REGS": order != cfg.order}, options
     if kernel == "fused":
-        if dq_mode not in DQ_MODES:
-            raise ValueError(f"dq_mode {dq_mode!r}: one of {', '.join(DQ_MODES)}")
-        if dq_mode == "tma":
-            raise ValueError("dq_mode 'tma': the warp-specialised fused kernel's only (order ws)")
         return _fused_kernel, {**constexprs, "ORDER": 0, "DQ_MODE": _DQ_MODE_IDS[dq_mode],
                                "DQ_DEFER": cfg.order == "defer", "KV_REGS": False}, options
     return _dq_kernel, {**constexprs, "OVERLAP": order == "overlap", "QDO_REGS": order != cfg.order}, options

@@ -585,10 +585,11 @@ def _heat_ms_from_env(value: str | None) -> float:
 # chip that cooled while the compiler ran. Under sustained load (do_bench for seconds, a training loop)
 # the chip clocks down at its power limit, and a config that draws more power loses more there: on an
 # H100 the d=128 forward's autotuner picked 128x64x8x3 in some processes and 256x64x8x3 in others, and
-# the first ran 6-8 % slower under sustained load (docs/results/h100/gluon_paths/README.md).
-# AUTOTUNE_HEAT_MS > 0 runs each config's calls back to back for that long before it is timed, so it
-# is timed at the clock it would keep. 0 (the default) is Triton's own timing. It is read from the
-# environment (BENCHLAB_AUTOTUNE_HEAT_MS) when this module is imported.
+# the first ran 4-8 % slower under sustained load. AUTOTUNE_HEAT_MS > 0 runs each config's calls back to
+# back for that long before it is timed, so it is timed at the clock it would keep. At 300 ms it still
+# let that pick through (docs/results/h100/autotune_picks/README.md; BURST_ONLY is what removed it), so
+# 0, Triton's own timing, is the default. It is read from the environment (BENCHLAB_AUTOTUNE_HEAT_MS)
+# when this module is imported.
 AUTOTUNE_HEAT_MS = _heat_ms_from_env(os.environ.get("BENCHLAB_AUTOTUNE_HEAT_MS"))
 
 
