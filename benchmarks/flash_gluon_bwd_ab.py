@@ -17,10 +17,12 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
                             between, costs)
   hybrid_<cfg>              the Triton dQ kernel, then that Gluon dK/dV config
   gluon_bwd_<dq cfg>        that Gluon dQ config, then the first Gluon dK/dV config: a whole Gluon backward
-  fused_<cfg>[_red|_tma]    the fused backward (--fused-config): Delta by torch, one kernel adding dQ by atomics
-                            (atom, or with _red red; order ws also _tma, one bulk reduction a tile by the copy
-                            engine), dQ cast; fused_kernel_<cfg>[_red|_tma] its kernel alone, and
-                            fused_probe_<cfg> the red kernel adding no row (what the adds' traffic costs)
+  fused_<cfg>[_<mode>]      the fused backward (--fused-config): Delta and the zeroed accumulator by one Triton
+                            kernel, one Gluon kernel adding dQ by atomics (atom, or with _red red; order ws also
+                            _tma, one bulk reduction a tile by the copy engine, and _turns, the same for the two
+                            consumers' keys together, one consumer a tile in turns), dQ cast;
+                            fused_kernel_<cfg>[_<mode>] its kernel alone, and fused_probe_<cfg> the red kernel
+                            adding no row (what the adds' traffic costs); --dq-mode picks the modes
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
 Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
@@ -47,6 +49,9 @@ SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 12
 ORDERS = ("overlap", "defer", "plain", "ws", "overlap-rs", "defer-rs", "plain-rs")
 CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
 DQ_CONFIGS = [(64, 64, 2, 4, "overlap", None)]
+# kernels.flash_gluon_bwd.DQ_MODES less "probe", which is timed beside them (the kernels are imported only
+# once a GPU is in use)
+FUSED_DQ_MODES = ("add", "red", "tma", "turns")
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str, int | None]:
@@ -186,7 +191,9 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         tensors = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
-        modes = ("add", "red", "tma") if cfg.order == "ws" else ("add", "red")  # tma: the ws kernel's only
+        # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers)
+        modes = [m for m in args.dq_mode or FUSED_DQ_MODES
+                 if gb.config_error("fused", q.shape[-1], cfg, dq_mode=m) is None or m in ("add", "red")]
         for mode in modes:  # the whole backward, checked, then its kernel alone
             name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}")
             if try_first(name, lambda cfg=cfg, m=mode: dict(zip(
@@ -247,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fused-config", action="append", type=parse_config, default=[],
                     metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
                     help="also time the fused backward at this config (repeatable; ORDER overlap, defer or ws)")
+    ap.add_argument("--dq-mode", action="append", choices=FUSED_DQ_MODES, default=None,
+                    help=f"with --fused-config: only these ways of adding dQ (repeatable; default every one the "
+                         f"config takes of {', '.join(FUSED_DQ_MODES)})")
     ap.add_argument("--pairs", action="store_true",
                     help="also time the Triton kernels back to back in one sample (pair_dq_dkdv as the backward "
                          "runs them, pair_dkdv_dq, twice_dq, twice_dkdv) and each SDPA backward twice")

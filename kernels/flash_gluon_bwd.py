@@ -183,6 +183,20 @@ def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m):
 
 
 @gluon.jit
+def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr):
+    """DQ_MODE 4: consumer WHICH's dS^T of query tile t into its slot of the tile's parity p (slot
+    2p + WHICH of ds_smem), where the consumer that adds tile t's dQ reads it; ds_full[p] counts both
+    consumers' writes. The slot was last read by tile t-2's dQ matmul, so that one has to be done first
+    (ds_free[p], arrived once per tile of parity p: tile t-2 was its (t//2 - 1)-th completion)."""
+    p = t % 2
+    mbarrier.wait(ds_free.index(p), (t // 2 + 1) & 1, pred=t >= 2)
+    ds_smem.index(2 * p + WHICH).store(ds)
+    fence_async_shared()
+    _block_barrier()  # the whole warpgroup's dS^T is written before its one thread arrives
+    mbarrier.arrive(ds_full.index(p), count=1)
+
+
+@gluon.jit
 def _stage_ds(ds_smem, ds, NUM_WARPS: gl.constexpr):
     """Write this tile's dS^T where the dQ matmul reads it, once every matmul that read the one before has
     finished (with two warpgroups, the other one's too)."""
@@ -218,7 +232,8 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           ORDER: gl.constexpr, DQ_MODE: gl.constexpr, DQ_DEFER: gl.constexpr, HEAD_DIM: gl.constexpr,
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
-          WS: gl.constexpr = False, dq_stage=None):
+          WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
+          WHICH: gl.constexpr = 0):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -227,7 +242,9 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     WS (a consumer of the warp-specialised kernel, ORDER 0 with no dQ): the slot is released through
     empty_bars for the producer to refill, instead of refilled here. DQ_MODE 3 (a consumer of the
     warp-specialised kernel) adds dQ by the copy engine instead (_add_dq_tma): dq_base is then the
-    accumulator's tensor descriptor and dq_stage the warpgroup's fp32 staging tile."""
+    accumulator's tensor descriptor and dq_stage the warpgroup's fp32 staging tile. DQ_MODE 4 (consumer
+    WHICH of two) shares its dS^T instead (_share_ds: ds_smem is then all four slots), and on the tiles of
+    its parity adds the whole program's share, dS K over both consumers' keys (k_all), the same way."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -258,6 +275,23 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             _stage_ds(ds_smem, ds, NUM_WARPS)  # for the next step's dQ matmul (or the one after the loop)
         elif DQ_MODE == 0:
             dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
+        elif DQ_MODE == 4:
+            # the consumers take the tiles' dQ in turns: one (64, d) add a tile for the program's 128 keys,
+            # where DQ_MODE 3 makes one a consumer
+            _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH)
+            if t % 2 == WHICH:
+                p = t % 2
+                mbarrier.wait(ds_full.index(p), (t // 2) & 1)  # the other consumer's dS^T too
+                zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+                dq_tok = warpgroup_mma(ds_smem.index(2 * p).permute((1, 0)), k_all.index(0), zero, use_acc=False,
+                                       is_async=True)
+                dq_tok = warpgroup_mma(ds_smem.index(2 * p + 1).permute((1, 0)), k_all.index(1), dq_tok,
+                                       is_async=True)
+                dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
+                mbarrier.arrive(ds_free.index(p), count=1)  # both slots of parity p read
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m)
+            else:
+                dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
             # dQ(t) = dS K (the tile before's dQ matmul finished in its step; with two warpgroups the
             # block barrier of that step's refill saw both finish)
@@ -469,15 +503,17 @@ def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_
 @gluon.jit
 def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                       stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
-                      ds_smem, dq_stage, dq_base, dq_rows, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr, DQ_MODE: gl.constexpr):
+                      ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr,
+                      DQ_MODE: gl.constexpr):
     """Consumer warpgroup WHICH: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every query tile of
     the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
     (dk_base, dv_base: this (z, h)'s). Causal: the tiles above its keys' diagonal are waited for and
     released unread, the next WG_KEYS / BLOCK_M cross the diagonal. With DQ_MODE (the fused kernel,
     _fused_ws_kernel) it also adds its keys' share of each tile's dQ, dS K, into dq_base (_step: dS^T
     through its own slot of ds_smem, the adds by atom, red, or with DQ_MODE 3 by the copy engine from its
-    own slot of dq_stage into the descriptor dq_base)."""
+    own slot of dq_stage into the descriptor dq_base; with DQ_MODE 4 the two consumers share their dS^T
+    through ds_full and ds_free, and each adds every other tile's whole dQ that way)."""
     dtype: gl.constexpr = q_smem.dtype
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
@@ -485,8 +521,11 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     my_n = start_n + WHICH * _WG_KEYS
     k_mine = k_smem.index(WHICH)
     v_mine = v_smem.index(WHICH)
-    ds_mine = ds_smem.index(WHICH if DQ_MODE > 0 else 0)  # (a token tile without DQ_MODE)
-    dq_mine = dq_stage.index(WHICH if DQ_MODE == 3 else 0)  # (a token tile but in DQ_MODE 3)
+    if DQ_MODE == 4:
+        ds_mine = ds_smem  # both parities' slots of both consumers (_share_ds)
+    else:
+        ds_mine = ds_smem.index(WHICH if DQ_MODE > 0 else 0)  # (a token tile without DQ_MODE)
+    dq_mine = dq_stage.index(WHICH if DQ_MODE >= 3 else 0)  # (a token tile but in DQ_MODE 3 and 4)
     if IS_CAUSAL:
         n_skip = gl.minimum(n_iter, WHICH * _WG_KEYS // BLOCK_M)
         n_diag = gl.minimum(n_iter, n_skip + _WG_KEYS // BLOCK_M)
@@ -496,6 +535,9 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     for t in range(0, n_skip):
         mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
         mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
+        if DQ_MODE == 4:  # these queries see none of its keys: its share of dS^T is zero, for the other
+            # consumer, whose turn these tiles are (with BLOCK_M = WG_KEYS consumer 1 skips tile 0 only)
+            _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), t, WHICH)
     lse2, delta = _row_stats(l_base, delta_base, lo + n_skip * BLOCK_M, n_q, BLOCK_M, st_layout)
     dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
@@ -506,13 +548,15 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
-            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine)
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine,
+            k_smem, ds_full, ds_free, WHICH)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
-            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine)
-    if DQ_MODE == 3:
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine,
+            k_smem, ds_full, ds_free, WHICH)
+    if DQ_MODE >= 3:
         tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -535,7 +579,8 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      DQ_MODE: gl.constexpr):
     # _fused_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program; DQ_MODE 0 is the
-    # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red)
+    # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red),
+    # 3 by the copy engine, 4 (two consumers) the program's whole share by one consumer a tile in turns
     pid_n, pid_zh, z, h = _program_tile(H, False)  # key tiles in launch order: causal key tile 0 sees the most
     start_n = pid_n * BLOCK_N
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -549,13 +594,13 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    if DQ_MODE > 0:  # each consumer's dS^T for its dQ matmul (a token tile otherwise)
-        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, BLOCK_M],
+    if DQ_MODE > 0:  # each consumer's dS^T for its dQ matmul, in DQ_MODE 4 one a tile parity (a token otherwise)
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * (1 + (DQ_MODE == 4)), _WG_KEYS, BLOCK_M],
                                             gl.NVMMASharedLayout.get_default_for([_WG_KEYS, BLOCK_M], dtype))
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [1, 16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], dtype))
     dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
-    if DQ_MODE == 3:  # the copy engine adds each consumer's dQ tile from its fp32 staging tile
+    if DQ_MODE >= 3:  # the copy engine adds each consumer's dQ tile from its fp32 staging tile
         dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
         dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_smem_layout)
         dq_target = tma.make_tensor_descriptor(dq_base, shape=[dq_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
@@ -567,10 +612,16 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # DQ_MODE 4, per tile parity: both consumers' dS^T written, and the dQ matmul that read them done
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=CONSUMERS)
+        mbarrier.init(ds_free.index(i), count=1)
 
     if IS_CAUSAL:  # queries before start_n see none of these keys
         lo = start_n
@@ -586,20 +637,20 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
-                                 0, DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
+                                 BLOCK_M, STAGES, 0, DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))], [1], [24])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
-                                 0, DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
+                                 BLOCK_M, STAGES, 0, DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
-                                 1, DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
+                                 BLOCK_M, STAGES, 1, DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
@@ -607,16 +658,16 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
-                                 0, DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
+                                 BLOCK_M, STAGES, 0, DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
-                                 1, DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
+                                 BLOCK_M, STAGES, 1, DQ_MODE)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
-                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
-                                 2, DQ_MODE)),
+                                 qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
+                                 BLOCK_M, STAGES, 2, DQ_MODE)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                                empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -790,9 +841,12 @@ WS_REGS = {1: (128, 128), 2: (168, 232), 3: (128, 160)}
 KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp32 dQ (_fused_kernel)
 # the fused kernel's dQ: added by atom (Triton's atomic_add), by red (inline PTX, nothing returned), the red
 # kernel with no row added (to price the adds' traffic), or (order "ws" only) by the copy engine from a staging
-# tile in shared memory, one bulk reduction a tile (_add_dq_tma)
-DQ_MODES = ("add", "red", "probe", "tma")
-_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3}  # the kernels' DQ_MODE (probe: red, adding no row)
+# tile in shared memory, one bulk reduction a tile (_add_dq_tma); or "turns" (order "ws", two consumers): the
+# same with the consumers taking the tiles in turns, each adding the program's whole share of its tiles (one
+# (64, d) reduction a tile for 128 keys, half tma's traffic), both consumers' dS^T shared (_share_ds)
+DQ_MODES = ("add", "red", "probe", "tma", "turns")
+_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4}  # the kernels' DQ_MODE (probe: red, no row)
+_STAGED = ("tma", "turns")  # the modes that add dQ by the copy engine, from fp32 staging tiles
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
@@ -804,12 +858,15 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode
     orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": ("overlap", "defer", "ws")}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
-    if kernel == "fused" and dq_mode == "tma" and cfg.order != "ws":
-        return "dq_mode 'tma': the warp-specialised fused kernel's only (order ws)"
+    if kernel == "fused" and dq_mode in _STAGED and cfg.order != "ws":
+        return f"dq_mode {dq_mode!r}: the warp-specialised fused kernel's only (order ws)"
     if cfg.order == "ws":
         if kernel == "fused" and cfg.block_m != 64:
             return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
-        return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused", staged=dq_mode == "tma")
+        if kernel == "fused" and dq_mode == "turns" and cfg.block_n != 2 * WG_KEYS:
+            return f"block_n {cfg.block_n}: dq_mode 'turns' takes two consumers' turns ({2 * WG_KEYS} keys)"
+        return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused",
+                                staged=kernel == "fused" and dq_mode in _STAGED, shared=dq_mode == "turns")
     if kernel == "fused" and cfg.block_m != 64:
         return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
@@ -829,10 +886,12 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode
     return None
 
 
-def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False, staged: bool = False) -> str | None:
+def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False, staged: bool = False,
+                     shared: bool = False) -> str | None:
     """config_error for the warp-specialised dK/dV kernel (fused: _fused_ws_kernel, which also keeps each
-    consumer's dS^T in shared memory; staged: and its fp32 dQ staging tile, dq_mode "tma"): block_n =
-    consumers x WG_KEYS keys, 4 warps each; the register split is the kernel's own (WS_REGS)."""
+    consumer's dS^T in shared memory; staged: and its fp32 dQ staging tile, dq_mode "tma" or "turns";
+    shared: dS^T a tile parity, "turns"): block_n = consumers x WG_KEYS keys, 4 warps each; the register
+    split is the kernel's own (WS_REGS)."""
     if cfg.num_warps != 4:
         return f"num_warps {cfg.num_warps}: each warp-specialised consumer is one warpgroup, num_warps 4"
     if cfg.block_n % WG_KEYS or cfg.block_n // WG_KEYS not in WS_REGS:
@@ -845,7 +904,7 @@ def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False,
     if cfg.maxnreg is not None:
         return f"maxnreg {cfg.maxnreg}: the warp-specialised kernel sets its own registers (WS_REGS)"
     smem = (2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * elem + (
-        cfg.block_n * cfg.block_m * elem if fused else 0) + (
+        cfg.block_n * cfg.block_m * elem * (1 + shared) if fused else 0) + (
         cfg.block_n // WG_KEYS * cfg.block_m * head_dim * 4 if staged else 0)
     if smem > ft.SMEM_BUDGET:
         staging = " and the tma adds' staging tiles" if staged else ""

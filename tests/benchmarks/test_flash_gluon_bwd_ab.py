@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.flash_gluon_bwd_ab import ORDERS, config_name, parse_config, reference_grads, row_errors
+from benchmarks.flash_gluon_bwd_ab import FUSED_DQ_MODES, ORDERS, config_name, parse_config, reference_grads, row_errors
 
 
 def test_configs_parse_and_bad_ones_are_named():
@@ -18,8 +18,9 @@ def test_configs_parse_and_bad_ones_are_named():
     assert config_name((64, 64, 2, 4, "overlap", None)) == "64x64x2x4"
     assert config_name((64, 64, 3, 4, "defer", 168)) == "64x64x3x4_defer_r168"
     # the benchmark's own copy of the dK/dV kernel's orders (it parses configs without importing Gluon)
-    from kernels.flash_gluon_bwd import DKDV_ORDERS
+    from kernels.flash_gluon_bwd import DKDV_ORDERS, DQ_MODES
     assert sorted(ORDERS) == sorted(DKDV_ORDERS)
+    assert sorted(FUSED_DQ_MODES + ("probe",)) == sorted(DQ_MODES)  # and of the fused kernel's dQ modes
     for bad in ("64,64,2", "64,64,2,4,fast", "64,0,2,4", "r168", "64,64,2,4,r168,defer"):
         with pytest.raises(argparse.ArgumentTypeError, match="BLOCK_M,BLOCK_N,STAGES,WARPS"):
             parse_config(bad)

@@ -260,6 +260,28 @@ def test_the_copy_engines_dq_adds_replace_every_threads_atomics(tmp_path):
     assert "cp.async.bulk.wait_group.read" in (tmp_path / "gluon_fused_64x128x2x4_ws_tma_d64.ptx").read_text()
 
 
+def test_in_turns_one_consumer_a_tile_adds_the_dq_of_both_consumers_keys(tmp_path):
+    # dq_mode "turns": on its tiles a consumer takes dS K over both consumers' keys (two matmuls into one
+    # accumulator, in a branch the other consumer skips) and has the copy engine add it; the dS^T tiles are
+    # shared through mbarriers, one arrive by one thread of each consumer
+    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", "turns", "--head-dim", "64", "--causal",
+             "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_fused_64x128x2x4_ws_turns_d64.json").read_text())
+    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
+    assert len(consumers) == 4, report["loops"]
+    for loop in consumers:
+        turn = loop[loop.index("dot:dk_tok") + 1:]
+        assert turn[:3] == ["if", "dot:dq_tok", "dot:dq_tok"], loop
+    ops = report["sass_ops"]
+    assert any(op.startswith("UTMAREDG") and ".ADD" in op for op in ops), ops
+    assert not any(op.startswith(("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")) for op in ops), ops
+    assert report["stack_bytes"] == 0
+    ptx = (tmp_path / "gluon_fused_64x128x2x4_ws_turns_d64.ptx").read_text()
+    assert "cp.async.bulk.wait_group.read" in ptx
+    assert re.search(r"@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)  # predicated: one thread arrives
+
+
 def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(tmp_path):
     r = _run("--gluon-bwd", "dq=64,64,2,4", "--head-dim", "64", "--causal", "--out", str(tmp_path / "ok"))
     assert r.returncode == 0, r.stderr[-3000:]

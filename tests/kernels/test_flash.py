@@ -813,7 +813,7 @@ def test_gpu_warp_specialised_dkdv_gives_the_one_warpgroup_kernels_gradients_bit
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((1, 3, 777, 64), True), ((2, 2, 1000, 64), False)])
-@pytest.mark.parametrize("dq_mode", ["add", "red", "tma"])
+@pytest.mark.parametrize("dq_mode", ["add", "red", "tma", "turns"])
 def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(shape, causal, dq_mode):
     # the warp-specialised fused study kernel (not shipped): dV bit for bit the one-warpgroup Gluon
     # kernel's (the same step on each consumer's keys); dK (from torch's Delta, not the dQ kernel's) and

@@ -147,7 +147,7 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     # _dkdv_ws_kernel is it with no dQ
     cfg = gb.Config(64, 128, 2, 4, "ws")
     assert gb.config_error("fused", 64, cfg) is None
-    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2), ("tma", 3)):
+    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2), ("tma", 3), ("turns", 4)):
         kernel, config, options = gb.launch_spec("fused", 64, cfg, dq_mode)
         assert kernel is gb._fused_ws_kernel and config["DQ_MODE"] == mode and config["CONSUMERS"] == 2
         assert options == {"num_warps": 4, "maxnreg": gb.WS_REGS[2][0]}
@@ -164,6 +164,16 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     with pytest.raises(ValueError, match="staging tiles"):
         gb.launch_spec("fused", 128, cfg, "tma")
     assert gb.launch_spec("fused", 128, cfg, "red")[1]["DQ_MODE"] == 2
+    # turns: two consumers take the tiles' adds in turns, so it needs exactly two; each keeps its dS^T for
+    # both tile parities, which counts too
+    for bad, why in ((gb.Config(64, 64, 2, 4, "ws"), "two consumers"), (gb.Config(64, 192, 2, 4, "ws"),
+                                                                         "two consumers"),
+                     (gb.Config(64, 128, 2, 4), "order ws")):
+        with pytest.raises(ValueError, match=why):
+            gb.launch_spec("fused", 64, bad, "turns")
+    seven = gb.Config(64, 128, 7, 4, "ws")  # seven Q/dO slots: 192 KiB with tma's tiles, 208 with turns'
+    assert gb.config_error("fused", 64, seven, dq_mode="tma") is None
+    assert "shared memory" in gb.config_error("fused", 64, seven, dq_mode="turns")
 
 
 def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
