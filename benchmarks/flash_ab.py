@@ -75,8 +75,8 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq", "gluon_fwd")
-INT_OPTIONS = ("head_group", "bwd_head_group")
+BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq", "gluon_fwd", "gluon_fused")
+INT_OPTIONS = ("head_group", "bwd_head_group", "fused_min_work")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 

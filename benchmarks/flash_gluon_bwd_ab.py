@@ -10,7 +10,7 @@ writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after 
                             Triton backward with it
   gluon_<cfg>               each Gluon dK/dV config (--config) alone, on the same L and Delta
   gluon_dq_<cfg>            each Gluon dQ config (--dq-config) alone (it writes Delta too)
-  triton_bwd                the whole Triton backward (dQ + dK/dV)
+  triton_bwd                the split backward (dQ + dK/dV) as flash_triton launches it with gluon_fused off
   pair_*, twice_*           with --pairs, the Triton kernels back to back in one sample: dQ then dK/dV (as the
                             backward runs them), dK/dV then dQ, each kernel twice, and each SDPA backward
                             twice (what running right behind another kernel, with no L2 flush or idle gap
@@ -124,8 +124,9 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
     cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
     o, lse = flash_triton.flash_attention_forward(q, k, v, causal)
     flash_triton.clear_launch_plans()
-    flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)
-    flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal)  # planned, after autotuning
+    split = flash_triton.LaunchOptions(gluon_fused=False)  # the two kernels, where the fused one might ship
+    flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal, options=split)
+    flash_triton.flash_attention_backward(q, k, v, o, lse, do, causal, options=split)  # planned, after autotuning
     bwd = triton_plan(flash_triton)
     dq_plan, dkdv_plan = bwd.kernels
     dq_t, dk_t, dv_t, delta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)

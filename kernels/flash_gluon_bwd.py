@@ -32,7 +32,9 @@ _dkdv_ws_kernel (order "ws") is another: the dK/dV program warp-specialised, a p
 and dO into slots that one to three consumer warpgroups of WG_KEYS keys share; also slower there.
 _fused_ws_kernel (the fused kernel's order "ws") puts the two together: each consumer also adds its keys'
 share of dQ, by atom, red, or (DQ_MODE 3, "tma") one bulk reduction of a staged tile by the copy engine,
-the cheapest of the three on an H100 but the kernel still slower than the split backward there. The "-rs"
+the cheapest of the three on an H100 but the kernel still slower than the split backward there; "turns"
+(DQ_MODE 4) halves that traffic: the two consumers share their dS^T and take the tiles in turns, each
+adding the dQ of the program's 128 keys on its tiles. The "-rs"
 orders (RS_ORDERS) hold the score matmuls' resident operands in registers
 (docs/results/h200/flash_rs/README.md).
 
@@ -994,10 +996,18 @@ SHIPPED_DKDV = {(128, False): DKDV_CONFIG, (128, True): DKDV_CONFIG, (64, False)
 SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 
 
+# (head dim, causal) -> the config flash_triton's backward launches the fused warp-specialised kernel at,
+# adding dQ as SHIPPED_FUSED_DQ_MODE says, from LaunchOptions.fused_min_work (LaunchOptions.gluon_fused).
+# On an H100, in turns with the split backward (docs/results/h200/flash_gluon_bwd/README.md, "In turns"):
+# 1.04x on (16, 16384, 64) causal, level with cuDNN's; 0.90x on (4, 16, 4096, 64) not causal
+SHIPPED_FUSED = {(64, True): Config(64, 128, 2, 4, "ws")}
+SHIPPED_FUSED_DQ_MODE = "turns"
+
+
 def shipped_config(kernel: str, head_dim: int, is_causal: bool) -> Config | None:
-    """The config flash_triton's backward launches `kernel` ("dkdv" or "dq") at for this head dim and
-    mask (SHIPPED_DKDV, SHIPPED_DQ), or None where it keeps the Triton kernel."""
-    shipped = {"dkdv": SHIPPED_DKDV, "dq": SHIPPED_DQ}[kernel]
+    """The config flash_triton's backward launches `kernel` ("dkdv", "dq" or "fused") at for this head
+    dim and mask (SHIPPED_DKDV, SHIPPED_DQ, SHIPPED_FUSED), or None where it keeps the Triton kernels."""
+    shipped = {"dkdv": SHIPPED_DKDV, "dq": SHIPPED_DQ, "fused": SHIPPED_FUSED}[kernel]
     return shipped.get((head_dim, bool(is_causal)))
 
 

@@ -722,6 +722,14 @@ HEAD_GROUP = 4
 # against 0.425 ms on the GPU) (docs/results/h200/flash_leaderboard/).
 COPY_GRAD_MIN_WORK = 2 ** 34
 
+# The fused Gluon backward (kernels/flash_gluon_bwd.py: one warp-specialised kernel for dK, dV and dQ, five
+# matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
+# runs where it ships (SHIPPED_FUSED there: d=64 causal) from this much work (Z*H*n_q*n_k*d, halved when
+# causal; 2^36 is (4, 16, 8192, 64) causal), where the GPU time is long enough to hide its extra host
+# work (a Triton prep kernel and the cast of dQ). Its dQ comes from atomic fp32 adds, so unlike the split
+# backward's it can differ in the last bits from run to run; gluon_fused=False keeps the split backward.
+FUSED_MIN_WORK = 2 ** 36
+
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -752,6 +760,12 @@ class LaunchOptions:
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
+    gluon_fused the backward is the fused Gluon kernel (kernels/flash_gluon_bwd.py, SHIPPED_FUSED) from
+                fused_min_work on, where _gluon_config allows it (as gluon_dkdv; neither dq nor dkdv
+                pinned). Its dQ is summed by atomic adds, so not bitwise reproducible; False keeps the
+                split backward everywhere
+    fused_min_work
+                the work (as copy_grad_min_work counts it) from which gluon_fused applies (FUSED_MIN_WORK)
     """
 
     autotune: bool = True
@@ -763,6 +777,8 @@ class LaunchOptions:
     gluon_dq: bool = False
     gluon_fwd: bool = False
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
+    gluon_fused: bool = True
+    fused_min_work: int = FUSED_MIN_WORK
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
@@ -770,15 +786,17 @@ class LaunchOptions:
             g = getattr(self, name)
             if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {g!r}")
-        work = self.copy_grad_min_work
-        if isinstance(work, bool) or not isinstance(work, int) or work < 0:
-            raise ValueError(f"copy_grad_min_work must be a non-negative integer, got {work!r}")
+        for name in ("copy_grad_min_work", "fused_min_work"):
+            work = getattr(self, name)
+            if isinstance(work, bool) or not isinstance(work, int) or work < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {work!r}")
         unknown = set(self.pinned) - set(FLASH_KERNELS)
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)} in pinned; expected {', '.join(FLASH_KERNELS)}")
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
-                                         self.gluon_dkdv, self.gluon_dq, self.gluon_fwd, work))
+                                         self.gluon_dkdv, self.gluon_dq, self.gluon_fwd, self.copy_grad_min_work,
+                                         self.gluon_fused, self.fused_min_work))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -1038,13 +1056,16 @@ def _launch(which: str, args: tuple, n_tensors: int, grid, constexprs: dict, q: 
 
 
 def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchOptions, o4=None):
-    """The Gluon kernel's config for kernel `which` (fwd, dkdv or dq) in this call (the shipped_config of
-    kernels/flash_gluon.py or flash_gluon_bwd.py), or None where the Triton kernel runs: options.gluon_<which>
-    off, a pinned config for `which`, descriptors off, a tensor the copy engine cannot read (a stride-0
-    dO, say), not sm_90, or a head dim and mask where the Gluon kernel did not run faster. The forward
-    takes no dO (do4 None); the dQ kernel also reads O (o4: flash_gluon_bwd.o_error)."""
-    enabled = {"fwd": options.gluon_fwd, "dkdv": options.gluon_dkdv, "dq": options.gluon_dq}[which]
-    if not (enabled and options.tma and which not in options.pinned):
+    """The Gluon kernel's config for kernel `which` (fwd, dkdv, dq or fused) in this call (the shipped_config
+    of kernels/flash_gluon.py or flash_gluon_bwd.py), or None where the Triton kernel runs (or for fused, the
+    split backward): options.gluon_<which> off, a pinned config for `which` (for fused, for dq or dkdv),
+    descriptors off, a tensor the copy engine cannot read (a stride-0 dO, say), not sm_90, or a head dim
+    and mask where the Gluon kernel did not run faster. The forward takes no dO (do4 None); the dQ and
+    fused kernels also read O (o4: flash_gluon_bwd.o_error)."""
+    enabled = {"fwd": options.gluon_fwd, "dkdv": options.gluon_dkdv, "dq": options.gluon_dq,
+               "fused": options.gluon_fused}[which]
+    pinned = ("dq", "dkdv") if which == "fused" else (which,)
+    if not (enabled and options.tma) or any(name in options.pinned for name in pinned):
         return None
     try:
         from kernels import flash_gluon, flash_gluon_bwd
@@ -1056,20 +1077,23 @@ def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchO
     cfg = flash_gluon_bwd.shipped_config(which, q4.shape[-1], is_causal)
     if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:
         return None
-    if which == "dq" and flash_gluon_bwd.o_error(o4) is not None:
+    if which in ("dq", "fused") and flash_gluon_bwd.o_error(o4) is not None:
         return None
     return cfg
 
 
-def _launch_gluon(which: str, cfg, tensors: tuple, group: int, is_causal: bool, q: torch.Tensor, want_plan: bool):
-    """Launch the Gluon kernel `which` (fwd, dkdv or dq) at `cfg` on its tensors (the Triton kernel's, in
-    the same order); a plan for later calls as _launch returns."""
+def _launch_gluon(which: str, cfg, tensors: tuple, group: int, is_causal: bool, q: torch.Tensor, want_plan: bool,
+                  dq_mode: str = "add"):
+    """Launch the Gluon kernel `which` (fwd, dkdv, dq or fused, adding dQ as dq_mode says) at `cfg` on its
+    tensors (the Triton kernel's, in the same order; the fused kernel's as flash_gluon_bwd.launch takes
+    them); a plan for later calls as _launch returns."""
     from kernels import flash_gluon, flash_gluon_bwd
 
     if which == "fwd":
         jit_fn, compiled, args, constexprs, grid = flash_gluon.launch(tensors, is_causal, cfg, group)
     else:
-        jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch(which, tensors, is_causal, cfg, group)
+        jit_fn, compiled, args, constexprs, grid = flash_gluon_bwd.launch(which, tensors, is_causal, cfg, group,
+                                                                          dq_mode)
     if not want_plan:
         return None
     return _kernel_plan(jit_fn, compiled, args, len(tensors), constexprs, (cfg.block_m, cfg.block_n), grid,
@@ -1153,16 +1177,56 @@ def _copies_grad(q: torch.Tensor, k: torch.Tensor, grad_out: torch.Tensor, is_ca
     in a contiguous dO (docs/results/h200/flash_leaderboard/). The copy writes dO once (32 MiB there)."""
     if grad_out.is_contiguous():
         return False
-    work = q.numel() * k.shape[-2] // (2 if is_causal else 1)
-    return (work >= options.copy_grad_min_work and options.tma and _tma_ready(_as_zhnd(q))
+    return (_work(q, k, is_causal) >= options.copy_grad_min_work and options.tma and _tma_ready(_as_zhnd(q))
             and not _tma_ready(_as_zhnd(grad_out)))
+
+
+def _work(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> int:
+    """A call's work as the size thresholds count it: Z*H*n_q*n_k*d, halved when causal."""
+    return q.numel() * k.shape[-2] // (2 if is_causal else 1)
+
+
+def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: int, copy_grad: bool, key,
+                    want_plan: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) from the fused Gluon backward at `cfg` (_gluon_config): Delta and a zeroed fp32 dQ
+    accumulator from one Triton kernel (flash_gluon_bwd.fused_prep), the fused kernel adding dQ as
+    SHIPPED_FUSED_DQ_MODE says, then dQ scaled by 1/sqrt(d) and cast in one pass. Remembers a plan under
+    `key` when want_plan (the prep kernel is launched through Triton; the fused kernel by its plan)."""
+    from kernels import flash_gluon_bwd
+
+    sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    q4, k4, v4, do4 = (_as_zhnd(t) for t in (q, k, v, grad_out))
+    delta, acc = flash_gluon_bwd.fused_prep(out, grad_out)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc.view(q4.shape))
+    fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan, flash_gluon_bwd.SHIPPED_FUSED_DQ_MODE)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    torch.mul(acc, sm_scale, out=dq)  # fp32 product, cast into dQ's dtype as it is written
+    if fused is not None:
+        shapes, dtype, device = (k.shape, v.shape, q.shape), q.dtype, q.device
+
+        def plan(q, k, v, o, lse, do):
+            if copy_grad:
+                do = do.contiguous()
+            delta, acc = flash_gluon_bwd.fused_prep(o, do)
+            dk = torch.empty(shapes[0], dtype=dtype, device=device)
+            dv = torch.empty(shapes[1], dtype=dtype, device=device)
+            fused(q, k, v, do, lse, delta, dk, dv, acc)
+            dq = torch.empty(shapes[2], dtype=dtype, device=device)
+            torch.mul(acc, sm_scale, out=dq)
+            return dq, dk, dv
+        plan.kernels = (fused,)
+        _remember(key, plan)
+    return dq, dk, dv
 
 
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; either is the Gluon one
-    where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config).
+    where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config), or from options.fused_min_work
+    on, where options.gluon_fused picks it, the fused Gluon backward instead (_fused_backward).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
@@ -1194,6 +1258,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     group = _head_group(is_causal, Z * H,
                         options.head_group if options.bwd_head_group is None else options.bwd_head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
+    if _work(q, k, is_causal) >= options.fused_min_work:
+        fused = _gluon_config("fused", is_causal, q4, k4, v4, do4, options, o4)
+        if fused is not None:
+            return _fused_backward(q, k, v, out, lse, grad_out, is_causal, fused, group, copy_grad, key, want_plan)
 
     # the dQ kernel runs first: besides dQ it writes Delta, which the dK/dV kernel reads
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)

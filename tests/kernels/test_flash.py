@@ -458,6 +458,52 @@ def test_a_stride0_gradient_is_copied_so_the_kernels_read_it_by_descriptor(monke
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
+def test_the_fused_backward_is_picked_only_where_it_ships_and_nothing_pins_the_split_kernels(monkeypatch):
+    # _gluon_config("fused"): SHIPPED_FUSED's config at d=64 causal, with the option on and neither
+    # backward kernel pinned (the copy engine's own checks stubbed, since this runs on the CPU)
+    import kernels.flash_gluon_bwd as gb
+    import kernels.flash_triton as ft
+
+    monkeypatch.setattr(gb, "supported", lambda *tensors: None)
+    monkeypatch.setattr(gb, "o_error", lambda o: None)
+    x64, x128 = torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 128)
+
+    def pick(options, x=x64, causal=True):
+        return ft._gluon_config("fused", causal, x, x, x, x, options, x)
+
+    assert pick(ft.DEFAULT_OPTIONS) == gb.SHIPPED_FUSED[(64, True)]
+    assert pick(ft.DEFAULT_OPTIONS, causal=False) is None and pick(ft.DEFAULT_OPTIONS, x=x128) is None
+    dq_pin = {"dq": ft.make_config(64, 64, 4, 2)}
+    for options in (ft.LaunchOptions(gluon_fused=False), ft.LaunchOptions(tma=False),
+                    ft.LaunchOptions(pinned=dq_pin), ft.LaunchOptions(pinned={"dkdv": ft.make_config(64, 64, 4, 2)})):
+        assert pick(options) is None, options
+    assert pick(ft.LaunchOptions(pinned={"fwd": ft.make_config(64, 64, 4, 2)})) is not None
+    with pytest.raises(ValueError, match="fused_min_work"):
+        ft.LaunchOptions(fused_min_work=-1)
+    assert ft.LaunchOptions(fused_min_work=0).key != ft.DEFAULT_OPTIONS.key
+    assert ft.LaunchOptions(gluon_fused=False).key != ft.DEFAULT_OPTIONS.key
+
+
+def test_the_backward_goes_fused_from_fused_min_work_on(monkeypatch):
+    import kernels.flash_triton as ft
+
+    seen = []
+
+    def fused(q, k, v, out, lse, grad_out, is_causal, cfg, group, copy_grad, key, want_plan):
+        seen.append(cfg)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(ft, "_gluon_config", lambda which, *a, **kw: "cfg" if which == "fused" else None)
+    monkeypatch.setattr(ft, "_fused_backward", fused)
+    q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 40, 64)))
+    o, lse = ft.flash_attention_forward(q, k, v, True)
+    work = 2 * 40 * 40 * 64 // 2  # Z*H*n_q*n_k*d, halved for causal
+    got = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(fused_min_work=work))
+    assert seen == ["cfg"] and all(not t.any() for t in got)
+    ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(fused_min_work=work + 1))
+    assert seen == ["cfg"]  # below it, the split kernels
+
+
 def test_the_copy_decision_takes_only_a_large_stride0_gradient_beside_a_descriptor_q():
     import kernels.flash_triton as ft
 
@@ -829,6 +875,29 @@ def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(s
     for got, want in ((dq, want_dq), (dk, want_dk)):
         assert torch.isfinite(got).all()
         assert (got.float() - want.float()).abs().amax(dim=-1).max().item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 3, 777, 64), (2, 2, 1000, 64)])
+def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape):
+    # flash_triton's backward with the fused Gluon kernel (fused_min_work=0 takes it at any size; d=64
+    # causal is where it ships): every row of dQ, dK, dV within rounding of the split backward's, a
+    # plan made, and the planned call the same again (dQ up to the order of its fp32 adds)
+    import kernels.flash_triton as ft
+
+    q, k, v, do = _sm90_inputs(shape, seed=11)
+    o, lse = flash_attention_forward(q, k, v, True)
+    want = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(gluon_fused=False))
+    fused = ft.LaunchOptions(fused_min_work=0)
+    ft.clear_launch_plans()
+    first = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=fused)
+    plan = next(p for key, p in ft._PLANS.items() if key[0] == "bwd")
+    assert len(plan.kernels) == 1 and isinstance(plan.kernels[0], ft._KernelPlan)  # the one fused kernel
+    again = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=fused)
+    for name, a, b, c in zip(("dq", "dk", "dv"), first, again, want, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert (a.float() - c.float()).abs().amax(dim=-1).max().item() < 1e-2, name
+        assert (a.float() - b.float()).abs().max().item() <= (1e-2 if name == "dq" else 0), name
 
 
 @pytest.mark.gpu
