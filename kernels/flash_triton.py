@@ -724,11 +724,12 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 
 # The fused Gluon backward (kernels/flash_gluon_bwd.py: one warp-specialised kernel for dK, dV and dQ, five
 # matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
-# runs where it ships (SHIPPED_FUSED there: d=64 causal) from this much work (Z*H*n_q*n_k*d, halved when
-# causal; 2^36 is (4, 16, 8192, 64) causal), where the GPU time is long enough to hide its extra host
-# work (a Triton prep kernel and the cast of dQ). Its dQ comes from atomic fp32 adds, so unlike the split
-# backward's it can differ in the last bits from run to run; gluon_fused=False keeps the split backward.
-FUSED_MIN_WORK = 2 ** 36
+# runs where it ships (SHIPPED_FUSED there: d=64 causal) on calls of at least this many queries and keys.
+# Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md):
+# 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
+# query tiles there). Its dQ comes from atomic fp32 adds, so unlike the split backward's it can differ in
+# the last bits from run to run; gluon_fused=False keeps the split backward.
+FUSED_MIN_SEQ = 8192
 
 
 @dataclass(frozen=True)
@@ -760,12 +761,12 @@ class LaunchOptions:
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
-    gluon_fused the backward is the fused Gluon kernel (kernels/flash_gluon_bwd.py, SHIPPED_FUSED) from
-                fused_min_work on, where _gluon_config allows it (as gluon_dkdv; neither dq nor dkdv
-                pinned). Its dQ is summed by atomic adds, so not bitwise reproducible; False keeps the
-                split backward everywhere
-    fused_min_work
-                the work (as copy_grad_min_work counts it) from which gluon_fused applies (FUSED_MIN_WORK)
+    gluon_fused the backward is the fused Gluon kernel (kernels/flash_gluon_bwd.py, SHIPPED_FUSED) on
+                calls of at least fused_min_seq queries and keys, where _gluon_config allows it (as
+                gluon_dkdv; neither dq nor dkdv pinned). Its dQ is summed by atomic adds, so not bitwise
+                reproducible; False keeps the split backward everywhere
+    fused_min_seq
+                the queries and keys a call needs (each) for gluon_fused to apply (FUSED_MIN_SEQ)
     """
 
     autotune: bool = True
@@ -778,7 +779,7 @@ class LaunchOptions:
     gluon_fwd: bool = False
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     gluon_fused: bool = True
-    fused_min_work: int = FUSED_MIN_WORK
+    fused_min_seq: int = FUSED_MIN_SEQ
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
@@ -786,7 +787,7 @@ class LaunchOptions:
             g = getattr(self, name)
             if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {g!r}")
-        for name in ("copy_grad_min_work", "fused_min_work"):
+        for name in ("copy_grad_min_work", "fused_min_seq"):
             work = getattr(self, name)
             if isinstance(work, bool) or not isinstance(work, int) or work < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {work!r}")
@@ -796,7 +797,7 @@ class LaunchOptions:
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
                                          self.gluon_dkdv, self.gluon_dq, self.gluon_fwd, self.copy_grad_min_work,
-                                         self.gluon_fused, self.fused_min_work))
+                                         self.gluon_fused, self.fused_min_seq))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -1177,13 +1178,9 @@ def _copies_grad(q: torch.Tensor, k: torch.Tensor, grad_out: torch.Tensor, is_ca
     in a contiguous dO (docs/results/h200/flash_leaderboard/). The copy writes dO once (32 MiB there)."""
     if grad_out.is_contiguous():
         return False
-    return (_work(q, k, is_causal) >= options.copy_grad_min_work and options.tma and _tma_ready(_as_zhnd(q))
+    work = q.numel() * k.shape[-2] // (2 if is_causal else 1)
+    return (work >= options.copy_grad_min_work and options.tma and _tma_ready(_as_zhnd(q))
             and not _tma_ready(_as_zhnd(grad_out)))
-
-
-def _work(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> int:
-    """A call's work as the size thresholds count it: Z*H*n_q*n_k*d, halved when causal."""
-    return q.numel() * k.shape[-2] // (2 if is_causal else 1)
 
 
 def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: int, copy_grad: bool, key,
@@ -1225,8 +1222,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                              options: LaunchOptions = DEFAULT_OPTIONS,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; either is the Gluon one
-    where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config), or from options.fused_min_work
-    on, where options.gluon_fused picks it, the fused Gluon backward instead (_fused_backward).
+    where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config), or on calls of at least
+    options.fused_min_seq queries and keys, where options.gluon_fused picks it, the fused Gluon backward
+    instead (_fused_backward).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
@@ -1258,7 +1256,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     group = _head_group(is_causal, Z * H,
                         options.head_group if options.bwd_head_group is None else options.bwd_head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
-    if _work(q, k, is_causal) >= options.fused_min_work:
+    if min(n_q, n_k) >= options.fused_min_seq:
         fused = _gluon_config("fused", is_causal, q4, k4, v4, do4, options, o4)
         if fused is not None:
             return _fused_backward(q, k, v, out, lse, grad_out, is_causal, fused, group, copy_grad, key, want_plan)

@@ -74,7 +74,7 @@ def test_launch_options_and_sdpa_backends_parse_and_bad_ones_are_named():
     assert parse_options("gluon_dkdv=false") == {"gluon_dkdv": False}
     assert parse_options("gluon_dq=true") == {"gluon_dq": True}
     assert parse_options("gluon_fwd=true") == {"gluon_fwd": True}
-    assert parse_options("gluon_fused=false,fused_min_work=1") == {"gluon_fused": False, "fused_min_work": 1}
+    assert parse_options("gluon_fused=false,fused_min_seq=1") == {"gluon_fused": False, "fused_min_seq": 1}
     with pytest.raises(argparse.ArgumentTypeError,
                        match="NAME one of autotune, tma, gluon_dkdv, gluon_dq, gluon_fwd, gluon_fused, head_group"):
         parse_options("backward=fused")

@@ -478,13 +478,13 @@ def test_the_fused_backward_is_picked_only_where_it_ships_and_nothing_pins_the_s
                     ft.LaunchOptions(pinned=dq_pin), ft.LaunchOptions(pinned={"dkdv": ft.make_config(64, 64, 4, 2)})):
         assert pick(options) is None, options
     assert pick(ft.LaunchOptions(pinned={"fwd": ft.make_config(64, 64, 4, 2)})) is not None
-    with pytest.raises(ValueError, match="fused_min_work"):
-        ft.LaunchOptions(fused_min_work=-1)
-    assert ft.LaunchOptions(fused_min_work=0).key != ft.DEFAULT_OPTIONS.key
+    with pytest.raises(ValueError, match="fused_min_seq"):
+        ft.LaunchOptions(fused_min_seq=-1)
+    assert ft.LaunchOptions(fused_min_seq=0).key != ft.DEFAULT_OPTIONS.key
     assert ft.LaunchOptions(gluon_fused=False).key != ft.DEFAULT_OPTIONS.key
 
 
-def test_the_backward_goes_fused_from_fused_min_work_on(monkeypatch):
+def test_the_backward_goes_fused_from_fused_min_seq_queries_and_keys_on(monkeypatch):
     import kernels.flash_triton as ft
 
     seen = []
@@ -495,13 +495,12 @@ def test_the_backward_goes_fused_from_fused_min_work_on(monkeypatch):
 
     monkeypatch.setattr(ft, "_gluon_config", lambda which, *a, **kw: "cfg" if which == "fused" else None)
     monkeypatch.setattr(ft, "_fused_backward", fused)
-    q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 40, 64)))
+    q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 48, 64)))
     o, lse = ft.flash_attention_forward(q, k, v, True)
-    work = 2 * 40 * 40 * 64 // 2  # Z*H*n_q*n_k*d, halved for causal
-    got = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(fused_min_work=work))
+    got = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(fused_min_seq=40))
     assert seen == ["cfg"] and all(not t.any() for t in got)
-    ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(fused_min_work=work + 1))
-    assert seen == ["cfg"]  # below it, the split kernels
+    ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(fused_min_seq=41))
+    assert seen == ["cfg"]  # 40 queries (and 48 keys) fall short of it: the split kernels
 
 
 def test_the_copy_decision_takes_only_a_large_stride0_gradient_beside_a_descriptor_q():
@@ -880,7 +879,7 @@ def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(s
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 3, 777, 64), (2, 2, 1000, 64)])
 def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape):
-    # flash_triton's backward with the fused Gluon kernel (fused_min_work=0 takes it at any size; d=64
+    # flash_triton's backward with the fused Gluon kernel (fused_min_seq=0 takes it at any length; d=64
     # causal is where it ships): every row of dQ, dK, dV within rounding of the split backward's, a
     # plan made, and the planned call the same again (dQ up to the order of its fp32 adds)
     import kernels.flash_triton as ft
@@ -888,7 +887,7 @@ def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plan
     q, k, v, do = _sm90_inputs(shape, seed=11)
     o, lse = flash_attention_forward(q, k, v, True)
     want = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(gluon_fused=False))
-    fused = ft.LaunchOptions(fused_min_work=0)
+    fused = ft.LaunchOptions(fused_min_seq=0)
     ft.clear_launch_plans()
     first = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=fused)
     plan = next(p for key, p in ft._PLANS.items() if key[0] == "bwd")
