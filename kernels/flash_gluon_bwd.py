@@ -999,8 +999,10 @@ SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 # (head dim, causal) -> the config flash_triton's backward launches the fused warp-specialised kernel at,
 # adding dQ as SHIPPED_FUSED_DQ_MODE says, from LaunchOptions.fused_min_seq on (LaunchOptions.gluon_fused).
 # On an H100, in turns with the split backward (docs/results/h200/flash_gluon_bwd/README.md, "The adds in
-# turns"): 1.04x on (16, 16384, 64) causal, level with cuDNN's; 0.90x on (4, 16, 4096, 64) not causal
-SHIPPED_FUSED = {(64, True): Config(64, 128, 2, 4, "ws")}
+# turns"): 1.04x on (16, 16384, 64) causal, level with cuDNN's; 0.90x on (4, 16, 4096, 64) not causal. Three
+# Q/dO slots, not two: under sustained load the whole backward ran 1.07x and 1.05x faster with them on
+# (16, 16384, 64) and (2, 32, 8192, 64) causal (docs/results/h100/gluon_paths/fused_slots_sustained_7cd18b4.json)
+SHIPPED_FUSED = {(64, True): Config(64, 128, 3, 4, "ws")}
 SHIPPED_FUSED_DQ_MODE = "turns"
 
 
