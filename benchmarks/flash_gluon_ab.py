@@ -91,6 +91,14 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--commit", default=None)
 
 
+def check_run_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse timing arguments that cannot go together (ap.error), before anything runs."""
+    if args.sustain_ms is not None and not args.sustain_ms > 0:
+        ap.error("--sustain-ms must be > 0")
+    if args.sustain_ms is not None and args.head_start:
+        ap.error("--head-start times calls in turns; it does not apply with --sustain-ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", type=parse_config, default=None,
@@ -102,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                          "against itself, beside every speed-up")
     add_run_args(ap)
     args = ap.parse_args(argv)
-    if args.sustain_ms is not None and not args.sustain_ms > 0:
-        ap.error("--sustain-ms must be > 0")
-    if args.sustain_ms is not None and args.head_start:
-        ap.error("--head-start times calls in turns; it does not apply with --sustain-ms")
+    check_run_args(ap, args)
     import torch
 
     from kernels import flash_gluon, flash_triton

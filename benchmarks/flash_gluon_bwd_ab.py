@@ -2,7 +2,8 @@
 
 Per shape: the Triton backward runs once to make its launch plan, whose two kernels (dQ, which also
 writes Delta, and dK/dV) can then be launched alone. Timed in rounds, one after another in one process
-(CUDA events, warm-up excluded):
+(CUDA events, warm-up excluded): in turns, the best round counting, or with --sustain-ms each call alone
+for that long a round, the median round counting (flash_ab's sustained mode):
 
   triton_dkdv, triton_dq    the Triton kernels alone (autotuned, the shipped options)
   triton_pinned_<k>_<cfg>   with --pin K=CFG (repeatable), Triton's kernel K alone at that config instead of
@@ -39,8 +40,8 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, write_report
-from benchmarks.flash_gluon_ab import add_run_args
+from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, round_stat, time_calls, write_report
+from benchmarks.flash_gluon_ab import add_run_args, check_run_args
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
@@ -220,10 +221,14 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
         if args.pairs:
             calls[f"twice_sdpa_{backend}"] = back_to_back(*[calls[f"sdpa_{backend}"]] * 2)
-    cell["host_ms"] = {}
-    cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
-                                     head_start=args.head_start, host=cell["host_ms"])
-    best = {name: min(xs) for name, xs in ms.items()}
+    sustained = args.sustain_ms is not None
+    if sustained:  # each call alone for sustain_ms a round; the median round counts
+        cell["ms"] = ms = time_calls(calls, rounds=args.rounds, repeats=args.repeats, sustain_ms=args.sustain_ms)
+    else:
+        cell["host_ms"] = {}
+        cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
+                                         head_start=args.head_start, host=cell["host_ms"])
+    best = {name: round_stat(xs, sustained) for name, xs in ms.items()}
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
                                       if n.startswith(("gluon_", "triton_pinned_dkdv"))
                                       and not n.startswith(("gluon_dq_", "gluon_bwd_"))}
@@ -263,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                          "runs them, pair_dkdv_dq, twice_dq, twice_dkdv) and each SDPA backward twice")
     add_run_args(ap)
     args = ap.parse_args(argv)
+    check_run_args(ap, args)
     from kernels import flash_triton
     from worker.harness import fingerprint
 
@@ -272,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
               "dq_configs": [list(c) for c in args.dq_config or DQ_CONFIGS],
               "fused_configs": [list(c) for c in args.fused_config],
               "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
-              "cells": []}
+              "sustain_ms": args.sustain_ms,
+              "speedup_of": "median of rounds" if args.sustain_ms is not None else "best round", "cells": []}
     for shape, causal in args.shape or SHAPES:
         record_cell(report, measure_shape(shape, causal, configs, args.dq_config or DQ_CONFIGS, args,
                                           tuple(args.fused_config)), out)

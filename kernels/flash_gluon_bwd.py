@@ -1000,8 +1000,10 @@ SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 # adding dQ as SHIPPED_FUSED_DQ_MODE says, from LaunchOptions.fused_min_seq on (LaunchOptions.gluon_fused).
 # On an H100, in turns with the split backward (docs/results/h200/flash_gluon_bwd/README.md, "The adds in
 # turns"): 1.04x on (16, 16384, 64) causal, level with cuDNN's; 0.90x on (4, 16, 4096, 64) not causal. Three
-# Q/dO slots, not two: under sustained load the whole backward ran 1.07x and 1.05x faster with them on
-# (16, 16384, 64) and (2, 32, 8192, 64) causal (docs/results/h100/gluon_paths/fused_slots_sustained_7cd18b4.json)
+# Q/dO slots, not two: in turns on (16, 16384, 64) and (2, 32, 8192, 64) causal the best rounds read 1.07x
+# and 1.05x with three, the median rounds 0.995x and 1.03x; under sustained load, each against the split
+# backward in its own process, three slots ran 1.06x on both and two 1.03x and 1.015x
+# (docs/results/h100/gluon_paths/README.md, "The fused backward shipped")
 SHIPPED_FUSED = {(64, True): Config(64, 128, 3, 4, "ws")}
 SHIPPED_FUSED_DQ_MODE = "turns"
 

@@ -50,9 +50,11 @@ def test_one_wrong_row_shows_in_the_row_maximum_not_the_median():
 
 @pytest.mark.parametrize(("argv", "named"), [(["--sustain-ms", "0"], "--sustain-ms must be > 0"),
                                              (["--sustain-ms", "100", "--head-start"], "--head-start")])
-def test_bad_timing_arguments_are_named_before_anything_runs(tmp_path, capsys, argv, named):
-    from benchmarks.flash_gluon_ab import main
+@pytest.mark.parametrize("script", ["flash_gluon_ab", "flash_gluon_bwd_ab"])  # the forward's and the backward's
+def test_bad_timing_arguments_are_named_before_anything_runs(tmp_path, capsys, argv, named, script):
+    import importlib
 
+    main = importlib.import_module(f"benchmarks.{script}").main
     with pytest.raises(SystemExit):
         main([*argv, "--out", str(tmp_path / "r.json")])
     assert named in capsys.readouterr().err
