@@ -91,6 +91,22 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--commit", default=None)
 
 
+def time_cell(cell: dict, calls: dict, args: argparse.Namespace) -> dict[str, float]:
+    """Time `calls` as add_run_args' arguments say, into cell["ms"] (each call's round medians; and its
+    host time in turns, cell["host_ms"]). Returns each call's figure: the median round when sustained
+    (--sustain-ms, each call alone), else the best round (in turns)."""
+    from worker.harness import measure_rounds
+
+    sustained = args.sustain_ms is not None
+    if sustained:
+        cell["ms"] = ms = time_calls(calls, rounds=args.rounds, repeats=args.repeats, sustain_ms=args.sustain_ms)
+    else:
+        cell["host_ms"] = {}
+        cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
+                                         head_start=args.head_start, host=cell["host_ms"])
+    return {name: round_stat(xs, sustained) for name, xs in ms.items()}
+
+
 def check_run_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse timing arguments that cannot go together (ap.error), before anything runs."""
     if args.sustain_ms is not None and not args.sustain_ms > 0:
@@ -114,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kernels import flash_gluon, flash_triton
-    from worker.harness import fingerprint, measure_rounds
+    from worker.harness import fingerprint
 
     out = Path(args.out)
     sustained = args.sustain_ms is not None
@@ -152,13 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell["errors"][name]["lse_max_diff_vs_triton"] = (lse - l_tri).abs().max().item()
         for backend in args.sdpa:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, q, causal)  # q: the unused gradient slot
-        if sustained:
-            cell["ms"] = ms = time_calls(calls, rounds=args.rounds, repeats=args.repeats, sustain_ms=args.sustain_ms)
-        else:
-            cell["host_ms"] = {}
-            cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
-                                             head_start=args.head_start, host=cell["host_ms"])
-        best = {name: round_stat(xs, sustained) for name, xs in ms.items()}
+        best = time_cell(cell, calls, args)
         cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
         for backend in args.sdpa:
             cell[f"speedup_vs_sdpa_{backend}"] = {name: best[f"sdpa_{backend}"] / t for name, t in best.items()}

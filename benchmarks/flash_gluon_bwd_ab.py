@@ -40,8 +40,8 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, round_stat, time_calls, write_report
-from benchmarks.flash_gluon_ab import add_run_args, check_run_args
+from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, write_report
+from benchmarks.flash_gluon_ab import add_run_args, check_run_args, time_cell
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
@@ -119,7 +119,6 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
 
     from kernels import flash_gluon_bwd as gb
     from kernels import flash_triton
-    from worker.harness import measure_rounds
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
     cell: dict = {"shape": list(shape), "causal": causal, "errors": {}, "failed": {}}
@@ -221,14 +220,7 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         calls[f"sdpa_{backend}"] = _sdpa_call(backend, "bwd", q, k, v, do, causal)
         if args.pairs:
             calls[f"twice_sdpa_{backend}"] = back_to_back(*[calls[f"sdpa_{backend}"]] * 2)
-    sustained = args.sustain_ms is not None
-    if sustained:  # each call alone for sustain_ms a round; the median round counts
-        cell["ms"] = ms = time_calls(calls, rounds=args.rounds, repeats=args.repeats, sustain_ms=args.sustain_ms)
-    else:
-        cell["host_ms"] = {}
-        cell["ms"] = ms = measure_rounds(calls, rounds=args.rounds, repeats=args.repeats, device="cuda",
-                                         head_start=args.head_start, host=cell["host_ms"])
-    best = {name: round_stat(xs, sustained) for name, xs in ms.items()}
+    best = time_cell(cell, calls, args)
     cell["dkdv_speedup_vs_triton"] = {n: best["triton_dkdv"] / t for n, t in best.items()
                                       if n.startswith(("gluon_", "triton_pinned_dkdv"))
                                       and not n.startswith(("gluon_dq_", "gluon_bwd_"))}

@@ -59,3 +59,33 @@ def test_bad_timing_arguments_are_named_before_anything_runs(tmp_path, capsys, a
         main([*argv, "--out", str(tmp_path / "r.json")])
     assert named in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_cell_counts_the_median_round_when_sustained_and_the_best_in_turns(monkeypatch):
+    # time_cell (both Gluon A/B scripts): --sustain-ms times each call alone and takes the median round;
+    # in turns the best round counts, and the host times come along
+    import worker.harness
+    from benchmarks import flash_gluon_ab
+
+    rounds = {"a": [3.0, 1.0, 2.0], "b": [4.0, 6.0, 5.0]}
+    seen = {}
+
+    def alone(calls, *, rounds, repeats, sustain_ms):
+        seen["sustain_ms"] = sustain_ms
+        return {n: list(v) for n, v in rounds.items()}
+
+    def in_turns(calls, *, rounds, repeats, device, head_start, host):
+        host.update({n: [0.1] for n in calls})
+        return {n: list(v) for n, v in rounds.items()}
+
+    monkeypatch.setattr(flash_gluon_ab, "time_calls", alone)
+    monkeypatch.setattr(worker.harness, "measure_rounds", in_turns)
+    calls = dict.fromkeys(rounds)
+    run = argparse.Namespace(rounds=3, repeats=5, head_start=False, sustain_ms=400.0)
+    cell = {}
+    assert flash_gluon_ab.time_cell(cell, calls, run) == {"a": 2.0, "b": 5.0}
+    assert seen == {"sustain_ms": 400.0} and cell["ms"] == rounds and "host_ms" not in cell
+    cell = {}
+    assert flash_gluon_ab.time_cell(cell, calls, argparse.Namespace(**{**vars(run), "sustain_ms": None})) == {
+        "a": 1.0, "b": 4.0}
+    assert cell["host_ms"] == {"a": [0.1], "b": [0.1]}
