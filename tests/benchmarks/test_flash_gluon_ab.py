@@ -67,24 +67,24 @@ def test_a_cell_counts_the_median_round_when_sustained_and_the_best_in_turns(mon
     import worker.harness
     from benchmarks import flash_gluon_ab
 
-    rounds = {"a": [3.0, 1.0, 2.0], "b": [4.0, 6.0, 5.0]}
+    per_round = {"a": [3.0, 1.0, 2.0], "b": [4.0, 6.0, 5.0]}
     seen = {}
 
     def alone(calls, *, rounds, repeats, sustain_ms):
         seen["sustain_ms"] = sustain_ms
-        return {n: list(v) for n, v in rounds.items()}
+        return {n: list(v) for n, v in per_round.items()}
 
     def in_turns(calls, *, rounds, repeats, device, head_start, host):
         host.update({n: [0.1] for n in calls})
-        return {n: list(v) for n, v in rounds.items()}
+        return {n: list(v) for n, v in per_round.items()}
 
     monkeypatch.setattr(flash_gluon_ab, "time_calls", alone)
     monkeypatch.setattr(worker.harness, "measure_rounds", in_turns)
-    calls = dict.fromkeys(rounds)
+    calls = dict.fromkeys(per_round)
     run = argparse.Namespace(rounds=3, repeats=5, head_start=False, sustain_ms=400.0)
     cell = {}
     assert flash_gluon_ab.time_cell(cell, calls, run) == {"a": 2.0, "b": 5.0}
-    assert seen == {"sustain_ms": 400.0} and cell["ms"] == rounds and "host_ms" not in cell
+    assert seen == {"sustain_ms": 400.0} and cell["ms"] == per_round and "host_ms" not in cell
     cell = {}
     assert flash_gluon_ab.time_cell(cell, calls, argparse.Namespace(**{**vars(run), "sustain_ms": None})) == {
         "a": 1.0, "b": 4.0}
