@@ -877,14 +877,18 @@ def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(s
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 3, 777, 64), (2, 2, 1000, 64)])
-def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape):
+@pytest.mark.parametrize(("shape", "kv_len"), [((1, 3, 777, 64), 777), ((2, 2, 1000, 64), 1000),
+                                               ((1, 2, 1000, 64), 1300), ((1, 2, 1300, 64), 1000)])
+def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape, kv_len):
     # flash_triton's backward with the fused Gluon kernel (fused_min_seq=0 takes it at any length; d=64
-    # causal is where it ships): every row of dQ, dK, dV within rounding of the split backward's, a
-    # plan made, and the planned call the same again (dQ up to the order of its fp32 adds)
+    # causal is where it ships), also with more keys than queries and fewer: every row of dQ, dK, dV
+    # within rounding of the split backward's, a plan made, and the planned call the same again (dQ up
+    # to the order of its fp32 adds)
     import kernels.flash_triton as ft
 
-    q, k, v, do = _sm90_inputs(shape, seed=11)
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels run on sm_90")
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in _inputs(shape, (*shape[:2], kv_len, 64), seed=11))
     o, lse = flash_attention_forward(q, k, v, True)
     want = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(gluon_fused=False))
     fused = ft.LaunchOptions(fused_min_seq=0)
