@@ -724,7 +724,8 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 
 # The fused Gluon backward (kernels/flash_gluon_bwd.py: one warp-specialised kernel for dK, dV and dQ, five
 # matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
-# runs where it ships (SHIPPED_FUSED there: d=64 causal) on calls of at least this many queries and keys.
+# runs where it ships (SHIPPED_FUSED there: d=64 causal) on calls of at least this many queries, and as
+# many keys.
 # Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md):
 # 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
 # query tiles there). Its dQ comes from atomic fp32 adds, so unlike the split backward's it can differ in
@@ -762,11 +763,11 @@ class LaunchOptions:
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
     gluon_fused the backward is the fused Gluon kernel (kernels/flash_gluon_bwd.py, SHIPPED_FUSED) on
-                calls of at least fused_min_seq queries and keys, where _gluon_config allows it (as
-                gluon_dkdv; neither dq nor dkdv pinned). Its dQ is summed by atomic adds, so not bitwise
-                reproducible; False keeps the split backward everywhere
+                calls of at least fused_min_seq queries and as many keys, where _gluon_config allows it
+                (as gluon_dkdv; neither dq nor dkdv pinned). Its dQ is summed by atomic adds, so not
+                bitwise reproducible; False keeps the split backward everywhere
     fused_min_seq
-                the queries and keys a call needs (each) for gluon_fused to apply (FUSED_MIN_SEQ)
+                the queries (and as many keys) a call needs for gluon_fused to apply (FUSED_MIN_SEQ)
     """
 
     autotune: bool = True
@@ -1223,8 +1224,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; either is the Gluon one
     where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config), or on calls of at least
-    options.fused_min_seq queries and keys, where options.gluon_fused picks it, the fused Gluon backward
-    instead (_fused_backward).
+    options.fused_min_seq queries and as many keys, where options.gluon_fused picks it, the fused Gluon
+    backward instead (_fused_backward).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
 
@@ -1256,7 +1257,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     group = _head_group(is_causal, Z * H,
                         options.head_group if options.bwd_head_group is None else options.bwd_head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
-    if min(n_q, n_k) >= options.fused_min_seq:
+    if n_q == n_k >= options.fused_min_seq:  # (unequal lengths: not yet run through the fused kernel on a GPU)
         fused = _gluon_config("fused", is_causal, q4, k4, v4, do4, options, o4)
         if fused is not None:
             return _fused_backward(q, k, v, out, lse, grad_out, is_causal, fused, group, copy_grad, key, want_plan)
