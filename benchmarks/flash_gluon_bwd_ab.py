@@ -192,7 +192,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         tensors = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
-        # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers)
+        # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers); add and red
+        # are always tried, so a config that cannot run at all is recorded as failed
         modes = [m for m in args.dq_mode or FUSED_DQ_MODES
                  if gb.config_error("fused", q.shape[-1], cfg, dq_mode=m) is None or m in ("add", "red")]
         for mode in modes:  # the whole backward, checked, then its kernel alone

@@ -243,42 +243,42 @@ def test_the_warp_specialised_fused_kernel_adds_dq_in_each_consumer(tmp_path):
     assert re.search(r"bar\.sync\s+[1-9]\d*, 128;", ptx)
 
 
-def test_the_copy_engines_dq_adds_replace_every_threads_atomics(tmp_path):
-    # dq_mode "tma": each consumer stages its dQ tile in shared memory and one thread has the copy engine add
-    # it (UTMAREDG), in the same loop; no thread adds an element itself
-    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", "tma", "--head-dim", "64", "--causal",
+def _copy_engine_adds(tmp_path, dq_mode: str) -> tuple[list[list[str]], str]:
+    """Compile the warp-specialised fused kernel (64x128x2x4, d=64, causal) with dQ added by the copy engine
+    in `dq_mode`, check what both such modes share, and return its consumers' loops and its PTX: the
+    copy engine's reduction (UTMAREDG ... ADD), no thread adding an element itself, no stack, and a
+    read-wait before a consumer rewrites its staging tile."""
+    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", dq_mode, "--head-dim", "64", "--causal",
              "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "gluon_fused_64x128x2x4_ws_tma_d64.json").read_text())
+    name = f"gluon_fused_64x128x2x4_ws_{dq_mode}_d64"
+    report = json.loads((tmp_path / f"{name}.json").read_text())
     consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
-    assert len(consumers) == 4 and all(loop[-2:] == ["dot:dq_tok", "wait:0"] for loop in consumers), report["loops"]
     ops = report["sass_ops"]
     assert any(op.startswith("UTMAREDG") and ".ADD" in op for op in ops), ops
     assert not any(op.startswith(("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")) for op in ops), ops
     assert report["stack_bytes"] == 0
-    # before a consumer rewrites its staging tile, the reduction that reads it has finished reading
-    assert "cp.async.bulk.wait_group.read" in (tmp_path / "gluon_fused_64x128x2x4_ws_tma_d64.ptx").read_text()
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    assert "cp.async.bulk.wait_group.read" in ptx
+    return consumers, ptx
+
+
+def test_the_copy_engines_dq_adds_replace_every_threads_atomics(tmp_path):
+    # dq_mode "tma": each consumer stages its dQ tile in shared memory and one thread has the copy engine add
+    # it (UTMAREDG), in the same loop; no thread adds an element itself
+    consumers, _ = _copy_engine_adds(tmp_path, "tma")
+    assert len(consumers) == 4 and all(loop[-2:] == ["dot:dq_tok", "wait:0"] for loop in consumers), consumers
 
 
 def test_in_turns_one_consumer_a_tile_adds_the_dq_of_both_consumers_keys(tmp_path):
     # dq_mode "turns": on its tiles a consumer takes dS K over both consumers' keys (two matmuls into one
     # accumulator, in a branch the other consumer skips) and has the copy engine add it; the dS^T tiles are
     # shared through mbarriers, one arrive by one thread of each consumer
-    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", "turns", "--head-dim", "64", "--causal",
-             "--out", str(tmp_path))
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "gluon_fused_64x128x2x4_ws_turns_d64.json").read_text())
-    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
-    assert len(consumers) == 4, report["loops"]
+    consumers, ptx = _copy_engine_adds(tmp_path, "turns")
+    assert len(consumers) == 4, consumers
     for loop in consumers:
         turn = loop[loop.index("dot:dk_tok") + 1:]
         assert turn[:3] == ["if", "dot:dq_tok", "dot:dq_tok"], loop
-    ops = report["sass_ops"]
-    assert any(op.startswith("UTMAREDG") and ".ADD" in op for op in ops), ops
-    assert not any(op.startswith(("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")) for op in ops), ops
-    assert report["stack_bytes"] == 0
-    ptx = (tmp_path / "gluon_fused_64x128x2x4_ws_turns_d64.ptx").read_text()
-    assert "cp.async.bulk.wait_group.read" in ptx
     assert re.search(r"@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)  # predicated: one thread arrives
 
 
