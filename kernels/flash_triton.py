@@ -763,11 +763,11 @@ class LaunchOptions:
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
     gluon_fused the backward is the fused Gluon kernel (kernels/flash_gluon_bwd.py, SHIPPED_FUSED) on
-                calls of at least fused_min_seq queries and as many keys, where _gluon_config allows it
+                calls of at least fused_min_seq queries and at least that many keys, where _gluon_config allows it
                 (as gluon_dkdv; neither dq nor dkdv pinned). Its dQ is summed by atomic adds, so not
                 bitwise reproducible; False keeps the split backward everywhere
     fused_min_seq
-                the queries (and as many keys) a call needs for gluon_fused to apply (FUSED_MIN_SEQ)
+                the queries, and the keys, a call needs for gluon_fused to apply (FUSED_MIN_SEQ)
     """
 
     autotune: bool = True
@@ -1224,7 +1224,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the two backward kernels (dQ, which also writes Delta, then dK/dV; either is the Gluon one
     where options.gluon_dkdv or options.gluon_dq picks it, _gluon_config), or on calls of at least
-    options.fused_min_seq queries and as many keys, where options.gluon_fused picks it, the fused Gluon
+    options.fused_min_seq queries and at least that many keys, where options.gluon_fused picks it, the fused Gluon
     backward instead (_fused_backward).
 
     Returns (dQ, dK, dV) shaped and typed like q, k, v.
@@ -1257,7 +1257,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     group = _head_group(is_causal, Z * H,
                         options.head_group if options.bwd_head_group is None else options.bwd_head_group)
     want_plan = key is not None and _plannable(q, k, v, out, lse, grad_out)
-    if n_q == n_k >= options.fused_min_seq:  # (unequal lengths: not yet run through the fused kernel on a GPU)
+    if min(n_q, n_k) >= options.fused_min_seq:
         fused = _gluon_config("fused", is_causal, q4, k4, v4, do4, options, o4)
         if fused is not None:
             return _fused_backward(q, k, v, out, lse, grad_out, is_causal, fused, group, copy_grad, key, want_plan)

@@ -484,7 +484,7 @@ def test_the_fused_backward_is_picked_only_where_it_ships_and_nothing_pins_the_s
     assert ft.LaunchOptions(gluon_fused=False).key != ft.DEFAULT_OPTIONS.key
 
 
-def test_the_backward_goes_fused_from_fused_min_seq_queries_and_as_many_keys_on(monkeypatch):
+def test_the_backward_goes_fused_from_fused_min_seq_queries_and_keys_on(monkeypatch):
     import kernels.flash_triton as ft
 
     seen = []
@@ -503,8 +503,14 @@ def test_the_backward_goes_fused_from_fused_min_seq_queries_and_as_many_keys_on(
     assert seen == ["cfg"]  # 40 queries and keys fall short of it: the split kernels
     _, k2, v2, _ = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 48, 64)))
     o2, lse2 = ft.flash_attention_forward(q, k2, v2, True)
-    ft.flash_attention_backward(q, k2, v2, o2, lse2, do, True, options=ft.LaunchOptions(fused_min_seq=0))
-    assert seen == ["cfg"]  # unequal lengths keep the split kernels
+    ft.flash_attention_backward(q, k2, v2, o2, lse2, do, True, options=ft.LaunchOptions(fused_min_seq=40))
+    assert seen == ["cfg", "cfg"]  # 40 queries, 48 keys: both at least fused_min_seq
+    ft.flash_attention_backward(q, k2, v2, o2, lse2, do, True, options=ft.LaunchOptions(fused_min_seq=41))
+    assert seen == ["cfg", "cfg"]  # the queries fall short
+    o3, lse3 = ft.flash_attention_forward(k2, q, v, True)
+    ft.flash_attention_backward(k2, q, v, o3, lse3, torch.ones_like(k2), True,
+                                options=ft.LaunchOptions(fused_min_seq=41))
+    assert seen == ["cfg", "cfg"]  # 48 queries, but the keys fall short
 
 
 def test_the_copy_decision_takes_only_a_large_stride0_gradient_beside_a_descriptor_q():
@@ -719,11 +725,12 @@ def test_gpu_launch_plan_replays_the_first_call_bit_for_bit(shape, causal):
            .contiguous().transpose(1, 2))
 
 
-def _sm90_inputs(shape, seed):
-    """q, k, v, dO in bf16 on the GPU for a test of the Gluon kernels, which run on sm_90 only (else a skip)."""
+def _sm90_inputs(shape, seed, shape_k=None):
+    """q, k, v, dO in bf16 on the GPU for a test of the Gluon kernels, which run on sm_90 only (else a skip);
+    k and v of shape_k where given, else of q's shape."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels run on sm_90")
-    return [t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape, seed=seed)]
+    return [t.to("cuda", torch.bfloat16) for t in _inputs(shape, shape_k or shape, seed=seed)]
 
 
 @pytest.mark.gpu
@@ -881,14 +888,17 @@ def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(s
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 3, 777, 64), (2, 2, 1000, 64)])
-def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape):
+@pytest.mark.parametrize(("shape", "shape_k"), [((1, 3, 777, 64), None), ((2, 2, 1000, 64), None),
+                                                ((1, 3, 777, 64), (1, 3, 1000, 64)),  # keys past the last query
+                                                ((2, 2, 1000, 64), (2, 2, 333, 64))])  # queries past the last key
+def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape, shape_k):
     # flash_triton's backward with the fused Gluon kernel (fused_min_seq=0 takes it at any length; d=64
     # causal is where it ships): every row of dQ, dK, dV within rounding of the split backward's, a
-    # plan made, and the planned call the same again (dQ up to the order of its fp32 adds)
+    # plan made, and the planned call the same again (dQ up to the order of its fp32 adds). With more
+    # keys than queries, the causal key tiles no query sees must come out zero, as the split's do
     import kernels.flash_triton as ft
 
-    q, k, v, do = _sm90_inputs(shape, seed=11)
+    q, k, v, do = _sm90_inputs(shape, seed=11, shape_k=shape_k)
     o, lse = flash_attention_forward(q, k, v, True)
     want = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(gluon_fused=False))
     fused = ft.LaunchOptions(fused_min_seq=0)
