@@ -21,9 +21,11 @@ for that long a round, the median round counting (flash_ab's sustained mode):
   fused_<cfg>[_<mode>]      the fused backward (--fused-config): Delta and the zeroed accumulator by one Triton
                             kernel, one Gluon kernel adding dQ by atomics (atom, or with _red red; order ws also
                             _tma, one bulk reduction a tile by the copy engine, and _turns, the same for the two
-                            consumers' keys together, one consumer a tile in turns), dQ cast;
+                            consumers' keys together, one consumer a tile in turns, and _turns-t, that as
+                            dQ^T for two or three consumers at any block_m), dQ cast;
                             fused_kernel_<cfg>[_<mode>] its kernel alone, and fused_probe_<cfg> the red kernel
-                            adding no row (what the adds' traffic costs); --dq-mode picks the modes
+                            adding no row (what the adds' traffic costs; 64-query configs); --dq-mode picks
+                            the modes
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
 Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
@@ -52,7 +54,7 @@ CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
 DQ_CONFIGS = [(64, 64, 2, 4, "overlap", None)]
 # kernels.flash_gluon_bwd.DQ_MODES less "probe", which is timed beside them (the kernels are imported only
 # once a GPU is in use)
-FUSED_DQ_MODES = ("add", "red", "tma", "turns")
+FUSED_DQ_MODES = ("add", "red", "tma", "turns", "turns-t")
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str, int | None]:
@@ -186,14 +188,16 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
             if dkdv_cfgs and not args.no_hybrid:
                 calls[f"gluon_bwd_{config_name(cfg)}"] = lambda cfg=cfg: gb.flash_attention_backward(
                     q, k, v, o, lse, do, causal, cfg, dkdv_cfgs[0])
-    if fused_configs:  # the fused kernel alone writes here (acc's sums unchecked)
+    if fused_configs:  # the fused kernel alone writes here (acc's sums unchecked), its accumulator by mode
         q4, k4, v4, do4 = (flash_triton._as_zhnd(t) for t in (q, k, v, do))
-        acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        tensors = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
+        accs = {m: gb.dq_accumulator(q, m).zero_() for m in ("add", "turns-t")}
+        tensors = {m: (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
+                   for m, acc in accs.items()}
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
-        # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers); add and red
-        # are always tried, so a config that cannot run at all is recorded as failed
+        # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers; turns-t: two
+        # or three, any block_m); add and red are always tried, so a config that cannot run at all is
+        # recorded as failed
         modes = [m for m in args.dq_mode or FUSED_DQ_MODES
                  if gb.config_error("fused", q.shape[-1], cfg, dq_mode=m) is None or m in ("add", "red")]
         for mode in modes:  # the whole backward, checked, then its kernel alone
@@ -202,9 +206,11 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                     ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m), strict=True))):
                 calls[name] = lambda cfg=cfg, m=mode: gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m)
                 calls[name.replace("fused_", "fused_kernel_", 1)] = (
-                    lambda cfg=cfg, t=tensors, g=group, m=mode: gb.launch("fused", t, causal, cfg, g, m))
-        calls[f"fused_probe_{config_name(cfg)}"] = (
-            lambda cfg=cfg, t=tensors, g=group: gb.launch("fused", t, causal, cfg, g, "probe"))
+                    lambda cfg=cfg, t=tensors["turns-t" if mode == "turns-t" else "add"], g=group, m=mode:
+                    gb.launch("fused", t, causal, cfg, g, m))
+        if gb.config_error("fused", q.shape[-1], cfg, dq_mode="probe") is None:  # (the red kernel: 64 queries)
+            calls[f"fused_probe_{config_name(cfg)}"] = (
+                lambda cfg=cfg, t=tensors["add"], g=group: gb.launch("fused", t, causal, cfg, g, "probe"))
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
         ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))

@@ -171,32 +171,63 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m):
+def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = False):
     """DQ_MODE 3: the tile's dQ share into this warpgroup's staging tile in shared memory, then one bulk
     reduction of it into the accumulator's rows [start_m, + BLOCK_M) (rows past the descriptor's are
     clipped), issued by an elected thread per 128-byte column box, where the other modes have every
-    thread add its elements. The
+    thread add its elements. TRANSPOSED (DQ_MODE 5): the tile is dQ^T, (HEAD_DIM, BLOCK_M), added into
+    columns [start_m, + BLOCK_M) of the (HEAD_DIM, n_q) accumulator. The
     previous tile's reduction has to have read the staging tile first (store_wait, then the barrier)."""
     tma.store_wait(0)
     _block_barrier()
     dq_stage.store(dq_t)
     fence_async_shared()
     _block_barrier()
-    _tma_reduce_add(dq_desc, [start_m, 0], dq_stage)
+    if TRANSPOSED:
+        _tma_reduce_add(dq_desc, [0, start_m], dq_stage)
+    else:
+        _tma_reduce_add(dq_desc, [start_m, 0], dq_stage)
 
 
 @gluon.jit
-def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr):
-    """DQ_MODE 4: consumer WHICH's dS^T of query tile t into its slot of the tile's parity p (slot
-    2p + WHICH of ds_smem), where the consumer that adds tile t's dQ reads it; ds_full[p] counts both
-    consumers' writes. The slot was last read by tile t-2's dQ matmul, so that one has to be done first
-    (ds_free[p], arrived once per tile of parity p: tile t-2 was its (t//2 - 1)-th completion)."""
+def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    """DQ_MODE 4 and 5: consumer WHICH's dS^T of query tile t into its slot of the tile's parity p (slot
+    p * CONSUMERS + WHICH of ds_smem), where the consumer that adds tile t's dQ reads it; ds_full[p]
+    counts every consumer's write. The slot was last read by tile t-2's dQ matmul, so that one has to be
+    done first (ds_free[p], arrived once per tile of parity p: tile t-2 was its (t//2 - 1)-th completion)."""
     p = t % 2
     mbarrier.wait(ds_free.index(p), (t // 2 + 1) & 1, pred=t >= 2)
-    ds_smem.index(2 * p + WHICH).store(ds)
+    ds_smem.index(p * CONSUMERS + WHICH).store(ds)
     fence_async_shared()
     _block_barrier()  # the whole warpgroup's dS^T is written before its one thread arrives
     mbarrier.arrive(ds_full.index(p), count=1)
+
+
+@gluon.jit
+def _turn_dq(t, ds_smem, ds_full, k_all, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, dq_layout: gl.constexpr,
+             CONSUMERS: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """DQ_MODE 4 and 5, on the tiles that are this consumer's turn: once every consumer's dS^T of tile t
+    is shared (ds_full), issue the program's whole share of its dQ over all CONSUMERS x WG_KEYS keys
+    (async; the caller waits, then arrives on ds_free). DQ_MODE 4: dQ = sum_c dS_c K_c, (BLOCK_M,
+    HEAD_DIM). DQ_MODE 5 (TRANSPOSED): dQ^T = sum_c K_c^T dS_c^T, (HEAD_DIM, BLOCK_M), so the query tile
+    is the matmul's N and can be 16 or 32 rows where wgmma's M is 64."""
+    p = t % 2
+    mbarrier.wait(ds_full.index(p), (t // 2) & 1)
+    if TRANSPOSED:
+        zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout)
+        dq_tok = warpgroup_mma(k_all.index(0).permute((1, 0)), ds_smem.index(p * CONSUMERS), zero, use_acc=False,
+                               is_async=True)
+        for c in gl.static_range(1, CONSUMERS):
+            dq_tok = warpgroup_mma(k_all.index(c).permute((1, 0)), ds_smem.index(p * CONSUMERS + c), dq_tok,
+                                   is_async=True)
+    else:
+        zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        dq_tok = warpgroup_mma(ds_smem.index(p * CONSUMERS).permute((1, 0)), k_all.index(0), zero, use_acc=False,
+                               is_async=True)
+        for c in gl.static_range(1, CONSUMERS):
+            dq_tok = warpgroup_mma(ds_smem.index(p * CONSUMERS + c).permute((1, 0)), k_all.index(c), dq_tok,
+                                   is_async=True)
+    return dq_tok
 
 
 @gluon.jit
@@ -236,7 +267,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
           WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
-          WHICH: gl.constexpr = 0):
+          WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -246,8 +277,9 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     empty_bars for the producer to refill, instead of refilled here. DQ_MODE 3 (a consumer of the
     warp-specialised kernel) adds dQ by the copy engine instead (_add_dq_tma): dq_base is then the
     accumulator's tensor descriptor and dq_stage the warpgroup's fp32 staging tile. DQ_MODE 4 (consumer
-    WHICH of two) shares its dS^T instead (_share_ds: ds_smem is then all four slots), and on the tiles of
-    its parity adds the whole program's share, dS K over both consumers' keys (k_all), the same way."""
+    WHICH of CONSUMERS) shares its dS^T instead (_share_ds: ds_smem is then every slot of both parities),
+    and on the tiles that are its turn adds the whole program's share, dS K over every consumer's keys
+    (k_all), the same way (_turn_dq); DQ_MODE 5 the same as dQ^T into a (HEAD_DIM, n_q) accumulator."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
     start_m = lo + t * BLOCK_M
@@ -278,21 +310,15 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             _stage_ds(ds_smem, ds, NUM_WARPS)  # for the next step's dQ matmul (or the one after the loop)
         elif DQ_MODE == 0:
             dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
-        elif DQ_MODE == 4:
-            # the consumers take the tiles' dQ in turns: one (64, d) add a tile for the program's 128 keys,
-            # where DQ_MODE 3 makes one a consumer
-            _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH)
-            if t % 2 == WHICH:
-                p = t % 2
-                mbarrier.wait(ds_full.index(p), (t // 2) & 1)  # the other consumer's dS^T too
-                zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-                dq_tok = warpgroup_mma(ds_smem.index(2 * p).permute((1, 0)), k_all.index(0), zero, use_acc=False,
-                                       is_async=True)
-                dq_tok = warpgroup_mma(ds_smem.index(2 * p + 1).permute((1, 0)), k_all.index(1), dq_tok,
-                                       is_async=True)
+        elif DQ_MODE >= 4:
+            # the consumers take the tiles' dQ in turns: one (64, d) add a tile for the program's keys, where
+            # DQ_MODE 3 makes one a consumer (DQ_MODE 5: dQ^T, the query tile as the matmul's N)
+            _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH, CONSUMERS)
+            if t % CONSUMERS == WHICH:
+                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, HEAD_DIM, BLOCK_M, dq_layout, CONSUMERS, DQ_MODE == 5)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
-                mbarrier.arrive(ds_free.index(p), count=1)  # both slots of parity p read
-                _add_dq_tma(dq_base, dq_stage, dq_t, start_m)
+                mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5)
             else:
                 dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
@@ -518,17 +544,22 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     own slot of dq_stage into the descriptor dq_base; with DQ_MODE 4 the two consumers share their dS^T
     through ds_full and ds_free, and each adds every other tile's whole dQ that way)."""
     dtype: gl.constexpr = q_smem.dtype
+    CONSUMERS: gl.constexpr = k_smem.shape[0]
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    if DQ_MODE == 5:  # dQ^T, (HEAD_DIM, BLOCK_M): the queries are its columns, as in S^T
+        dq_layout: gl.constexpr = st_layout
+    else:
+        dq_layout: gl.constexpr = acc_layout
     my_n = start_n + WHICH * _WG_KEYS
     k_mine = k_smem.index(WHICH)
     v_mine = v_smem.index(WHICH)
-    if DQ_MODE == 4:
-        ds_mine = ds_smem  # both parities' slots of both consumers (_share_ds)
+    if DQ_MODE >= 4:
+        ds_mine = ds_smem  # both parities' slots of every consumer (_share_ds)
     else:
         ds_mine = ds_smem.index(WHICH if DQ_MODE > 0 else 0)  # (a token tile without DQ_MODE)
-    dq_mine = dq_stage.index(WHICH if DQ_MODE >= 3 else 0)  # (a token tile but in DQ_MODE 3 and 4)
+    dq_mine = dq_stage.index(WHICH if DQ_MODE >= 3 else 0)  # (a token tile but in DQ_MODE 3 to 5)
     if IS_CAUSAL:
         n_skip = gl.minimum(n_iter, WHICH * _WG_KEYS // BLOCK_M)
         n_diag = gl.minimum(n_iter, n_skip + _WG_KEYS // BLOCK_M)
@@ -538,9 +569,16 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     for t in range(0, n_skip):
         mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
         mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
-        if DQ_MODE == 4:  # these queries see none of its keys: its share of dS^T is zero, for the other
-            # consumer, whose turn these tiles are (with BLOCK_M = WG_KEYS consumer 1 skips tile 0 only)
-            _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), t, WHICH)
+        if DQ_MODE >= 4:  # these queries see none of its keys: its share of dS^T is zero, for whichever
+            # consumer's turn the tile is; with fewer than WG_KEYS queries a tile (t = WHICH) can be its own
+            _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), t, WHICH,
+                      CONSUMERS)
+            if BLOCK_M < _WG_KEYS and t % CONSUMERS == WHICH:
+                mbarrier.wait(kv_bar, 0)  # every consumer's K
+                dq_tok = _turn_dq(t, ds_mine, ds_full, k_smem, HEAD_DIM, BLOCK_M, dq_layout, CONSUMERS, DQ_MODE == 5)
+                dq_t = warpgroup_mma_wait(0, deps=[dq_tok])
+                mbarrier.arrive(ds_free.index(t % 2), count=1)
+                _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5)
     lse2, delta = _row_stats(l_base, delta_base, lo + n_skip * BLOCK_M, n_q, BLOCK_M, st_layout)
     dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
@@ -551,14 +589,14 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
-            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH)
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
-            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, acc_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH)
+            HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS)
     if DQ_MODE >= 3:
         tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
@@ -583,7 +621,7 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                      DQ_MODE: gl.constexpr):
     # _fused_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program; DQ_MODE 0 is the
     # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red),
-    # 3 by the copy engine, 4 (two consumers) the program's whole share by one consumer a tile in turns
+    # 3 by the copy engine, 4 the program's whole share by one consumer a tile in turns, 5 that as dQ^T
     pid_n, pid_zh, z, h = _program_tile(H, False)  # key tiles in launch order: causal key tile 0 sees the most
     start_n = pid_n * BLOCK_N
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -597,18 +635,26 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    if DQ_MODE > 0:  # each consumer's dS^T for its dQ matmul, in DQ_MODE 4 one a tile parity (a token otherwise)
-        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * (1 + (DQ_MODE == 4)), _WG_KEYS, BLOCK_M],
+    if DQ_MODE > 0:  # each consumer's dS^T for its dQ matmul, from DQ_MODE 4 one a tile parity (a token otherwise)
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * (1 + (DQ_MODE >= 4)), _WG_KEYS, BLOCK_M],
                                             gl.NVMMASharedLayout.get_default_for([_WG_KEYS, BLOCK_M], dtype))
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [1, 16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], dtype))
-    dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
-    if DQ_MODE >= 3:  # the copy engine adds each consumer's dQ tile from its fp32 staging tile
+    if DQ_MODE == 5:  # dQ^T: (HEAD_DIM, n_q) a (z, h), rows padded to 4 columns (16 bytes, for the copy engine)
+        q_cols = (n_q + 3) // 4 * 4
+        dq_base = DQ_ACC + pid_zh.to(gl.int64) * HEAD_DIM * q_cols
+        dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_M], gl.float32)
+        dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, HEAD_DIM, BLOCK_M], dq_smem_layout)
+        dq_target = tma.make_tensor_descriptor(dq_base, shape=[HEAD_DIM, dq_rows], strides=[q_cols, 1],
+                                               block_shape=[HEAD_DIM, BLOCK_M], layout=dq_smem_layout)
+    elif DQ_MODE >= 3:  # the copy engine adds each consumer's dQ tile from its fp32 staging tile
+        dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
         dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
         dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_smem_layout)
         dq_target = tma.make_tensor_descriptor(dq_base, shape=[dq_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
                                                block_shape=[BLOCK_M, HEAD_DIM], layout=dq_smem_layout)
     else:
+        dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
         dq_stage = gl.allocate_shared_memory(gl.float32, [1, 16, 64],
                                              gl.NVMMASharedLayout.get_default_for([16, 64], gl.float32))
         dq_target = dq_base
@@ -846,10 +892,15 @@ KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp
 # kernel with no row added (to price the adds' traffic), or (order "ws" only) by the copy engine from a staging
 # tile in shared memory, one bulk reduction a tile (_add_dq_tma); or "turns" (order "ws", two consumers): the
 # same with the consumers taking the tiles in turns, each adding the program's whole share of its tiles (one
-# (64, d) reduction a tile for 128 keys, half tma's traffic), both consumers' dS^T shared (_share_ds)
-DQ_MODES = ("add", "red", "probe", "tma", "turns")
-_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4}  # the kernels' DQ_MODE (probe: red, no row)
-_STAGED = ("tma", "turns")  # the modes that add dQ by the copy engine, from fp32 staging tiles
+# (64, d) reduction a tile for 128 keys, half tma's traffic), both consumers' dS^T shared (_share_ds); "turns-t"
+# the same with every consumer in turn, as dQ^T = K^T dS^T (the query tile is the matmul's N, so it can be 16
+# or 32 rows, and three consumers fit their registers: one (d, block_m) reduction a tile for 192 keys, a third
+# of tma's traffic) into a transposed accumulator (dq_accumulator)
+DQ_MODES = ("add", "red", "probe", "tma", "turns", "turns-t")
+# the kernels' DQ_MODE (probe: red, no row)
+_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4, "turns-t": 5}
+_STAGED = ("tma", "turns", "turns-t")  # the modes that add dQ by the copy engine, from fp32 staging tiles
+_SHARED = ("turns", "turns-t")  # the modes whose consumers share their dS^T and add in turns
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
@@ -864,12 +915,16 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode
     if kernel == "fused" and dq_mode in _STAGED and cfg.order != "ws":
         return f"dq_mode {dq_mode!r}: the warp-specialised fused kernel's only (order ws)"
     if cfg.order == "ws":
-        if kernel == "fused" and cfg.block_m != 64:
-            return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
+        if kernel == "fused" and cfg.block_m != 64 and dq_mode != "turns-t":
+            return (f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows (but with "
+                    "dq_mode 'turns-t')")
         if kernel == "fused" and dq_mode == "turns" and cfg.block_n != 2 * WG_KEYS:
             return f"block_n {cfg.block_n}: dq_mode 'turns' takes two consumers' turns ({2 * WG_KEYS} keys)"
+        if kernel == "fused" and dq_mode == "turns-t" and cfg.block_n == WG_KEYS:
+            return f"block_n {cfg.block_n}: dq_mode 'turns-t' takes two or three consumers' turns"
         return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused",
-                                staged=kernel == "fused" and dq_mode in _STAGED, shared=dq_mode == "turns")
+                                staged=kernel == "fused" and dq_mode in _STAGED,
+                                shared=kernel == "fused" and dq_mode in _SHARED)
     if kernel == "fused" and cfg.block_m != 64:
         return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
@@ -893,7 +948,7 @@ def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False,
                      shared: bool = False) -> str | None:
     """config_error for the warp-specialised dK/dV kernel (fused: _fused_ws_kernel, which also keeps each
     consumer's dS^T in shared memory; staged: and its fp32 dQ staging tile, dq_mode "tma" or "turns";
-    shared: dS^T a tile parity, "turns"): block_n = consumers x WG_KEYS keys, 4 warps each; the register
+    shared: dS^T a tile parity, "turns" and "turns-t"): block_n = consumers x WG_KEYS keys, 4 warps each; the register
     split is the kernel's own (WS_REGS)."""
     if cfg.num_warps != 4:
         return f"num_warps {cfg.num_warps}: each warp-specialised consumer is one warpgroup, num_warps 4"
@@ -1084,10 +1139,10 @@ PREP_ROWS = 64  # query rows a program of _fused_prep_kernel
 
 @triton.jit
 def _fused_prep_kernel(O, DO, Delta, DQ_ACC, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
-                       H, n_q, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+                       H, n_q, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, ZERO_ACC: tl.constexpr = True):
     """What the fused kernel needs first, for ROWS query rows of one (z, h) a program: Delta = rowsum(O * dO)
-    in fp32, and those rows of the fp32 dQ accumulator ((Z*H, n_q, HEAD_DIM), contiguous) zeroed. One
-    read of O and dO, where torch's (o.float() * do.float()).sum(-1) and zeros make four passes."""
+    in fp32, and (ZERO_ACC) those rows of the fp32 dQ accumulator ((Z*H, n_q, HEAD_DIM), contiguous) zeroed.
+    One read of O and dO, where torch's (o.float() * do.float()).sum(-1) and zeros make four passes."""
     pid_m, pid_zh = tl.program_id(0), tl.program_id(1)
     z, h = pid_zh // H, pid_zh % H
     offs_m = pid_m * ROWS + tl.arange(0, ROWS)
@@ -1099,13 +1154,39 @@ def _fused_prep_kernel(O, DO, Delta, DQ_ACC, stride_oz, stride_oh, stride_om, st
     do = tl.load(DO + z.to(tl.int64) * stride_doz + h.to(tl.int64) * stride_doh + rows * stride_dom + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0).to(tl.float32)
     tl.store(Delta + pid_zh.to(tl.int64) * n_q + offs_m, tl.sum(o * do, axis=1), mask=row_ok)
-    acc_rows = (pid_zh.to(tl.int64) * n_q + rows) * HEAD_DIM
-    tl.store(DQ_ACC + acc_rows + offs_d[None, :], tl.zeros([ROWS, HEAD_DIM], tl.float32), mask=row_ok[:, None])
+    if ZERO_ACC:
+        acc_rows = (pid_zh.to(tl.int64) * n_q + rows) * HEAD_DIM
+        tl.store(DQ_ACC + acc_rows + offs_d[None, :], tl.zeros([ROWS, HEAD_DIM], tl.float32), mask=row_ok[:, None])
+
+
+def dq_accumulator(q: torch.Tensor, dq_mode: str) -> torch.Tensor:
+    """A zeroed fp32 dQ accumulator for the fused kernel adding dQ as dq_mode says: q's shape, contiguous,
+    or with "turns-t" dQ^T, (Z*H, d, n_q rounded up to 4) (zeroed by torch; fused_prep zeroes the other)."""
+    if dq_mode != "turns-t":
+        return torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    Z, H, n_q, d = ft._as_zhnd(q).shape
+    return torch.zeros((Z * H, d, triton.cdiv(n_q, 4) * 4), dtype=torch.float32, device=q.device)
+
+
+def cast_dq(acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """dQ shaped and typed like q from the fused kernel's fp32 accumulator (dq_accumulator's either layout),
+    scaled by 1/sqrt(d) and cast in one pass."""
+    dq_ = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    sm_scale = _scales(q.shape[-1])[0]
+    if acc.shape == q.shape:
+        torch.mul(acc, sm_scale, out=dq_)  # fp32 product, cast into dQ's dtype as it is written
+    else:
+        q4 = ft._as_zhnd(q)
+        Z, H, n_q, d = q4.shape
+        acc_t = acc.view(Z, H, d, acc.shape[-1])[..., :n_q].transpose(-1, -2)
+        torch.mul(acc_t, sm_scale, out=dq_.view(q4.shape))
+    return dq_
 
 
 def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(Delta, a zeroed fp32 dQ accumulator) for the fused backward: Delta = rowsum(O * dO) in fp32, shaped
-    o.shape[:-1]; the accumulator contiguous, shaped like o (`acc` if given). One kernel (_fused_prep_kernel)."""
+    o.shape[:-1]; the accumulator contiguous, shaped like o (`acc` if given, or dq_accumulator's transposed
+    one for "turns-t", which comes zeroed). One kernel (_fused_prep_kernel)."""
     o4, do4 = ft._as_zhnd(o), ft._as_zhnd(do)
     Z, H, n_q, d = o4.shape
     if o.stride(-1) != 1 or do.stride(-1) != 1 or d & (d - 1):
@@ -1114,11 +1195,13 @@ def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = Non
     delta = torch.empty(o.shape[:-1], dtype=torch.float32, device=o.device)
     if acc is None:
         acc = torch.empty(o.shape, dtype=torch.float32, device=o.device)
-    elif acc.shape != o.shape or acc.dtype != torch.float32 or not acc.is_contiguous():
+    # dq_accumulator's "turns-t" one, zeroed already (where it has out's shape, zeroing it again is harmless)
+    transposed = acc.shape != o.shape and acc.shape == (Z * H, d, triton.cdiv(n_q, 4) * 4)
+    if not transposed and (acc.shape != o.shape or acc.dtype != torch.float32 or not acc.is_contiguous()):
         raise ValueError(f"acc {tuple(acc.shape)} {acc.dtype}: want a contiguous fp32 tensor of out's shape "
-                         f"{tuple(o.shape)}")
+                         f"{tuple(o.shape)}, or a zeroed transposed one (dq_accumulator)")
     _fused_prep_kernel[(triton.cdiv(n_q, PREP_ROWS), Z * H)](o4, do4, delta, acc, *o4.stride()[:3], *do4.stride()[:3],
-                                                            H, n_q, HEAD_DIM=d, ROWS=PREP_ROWS)
+                                                            H, n_q, HEAD_DIM=d, ROWS=PREP_ROWS, ZERO_ACC=not transposed)
     return delta, acc
 
 
@@ -1132,11 +1215,9 @@ def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = F
     if o.shape != q.shape or o.dtype != q.dtype:
         raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
     q4, k4, v4, do4 = (ft._as_zhnd(t) for t in (q, k, v, do))
-    delta, dq_acc = fused_prep(o, do)
+    delta, dq_acc = fused_prep(o, do, dq_accumulator(q, dq_mode))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
     launch("fused", (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), dq_acc), is_causal, cfg,
            group, dq_mode)
-    dq_ = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    torch.mul(dq_acc, _scales(q.shape[-1])[0], out=dq_)  # fp32 product, cast into dQ's dtype as it is written
-    return dq_, dk, dv
+    return cast_dq(dq_acc, q), dk, dv

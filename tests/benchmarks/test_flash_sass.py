@@ -243,15 +243,16 @@ def test_the_warp_specialised_fused_kernel_adds_dq_in_each_consumer(tmp_path):
     assert re.search(r"bar\.sync\s+[1-9]\d*, 128;", ptx)
 
 
-def _copy_engine_adds(tmp_path, dq_mode: str) -> tuple[list[list[str]], str]:
-    """Compile the warp-specialised fused kernel (64x128x2x4, d=64, causal) with dQ added by the copy engine
-    in `dq_mode`, check what both such modes share, and return its consumers' loops and its PTX: the
-    copy engine's reduction (UTMAREDG ... ADD), no thread adding an element itself, no stack, and a
+def _copy_engine_adds(tmp_path, dq_mode: str, cfg: str = "64,128,2,4,ws", causal: bool = True,
+                      ) -> tuple[list[list[str]], str]:
+    """Compile the warp-specialised fused kernel (d=64, causal unless said) at `cfg` with dQ added by the
+    copy engine in `dq_mode`, check what all such modes share, and return its consumers' loops and its PTX:
+    the copy engine's reduction (UTMAREDG ... ADD), no thread adding an element itself, no stack, and a
     read-wait before a consumer rewrites its staging tile."""
-    r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", dq_mode, "--head-dim", "64", "--causal",
+    r = _run("--gluon-bwd", f"fused={cfg}", "--dq-mode", dq_mode, "--head-dim", "64", *(["--causal"] * causal),
              "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    name = f"gluon_fused_64x128x2x4_ws_{dq_mode}_d64"
+    name = f"gluon_fused_{'x'.join(cfg.split(',')[:4])}_ws_{dq_mode}_d64"
     report = json.loads((tmp_path / f"{name}.json").read_text())
     consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
     ops = report["sass_ops"]
@@ -280,6 +281,17 @@ def test_in_turns_one_consumer_a_tile_adds_the_dq_of_both_consumers_keys(tmp_pat
         turn = loop[loop.index("dot:dk_tok") + 1:]
         assert turn[:3] == ["if", "dot:dq_tok", "dot:dq_tok"], loop
     assert re.search(r"@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)  # predicated: one thread arrives
+
+
+def test_in_transposed_turns_three_consumers_take_32_query_tiles_without_spilling(tmp_path):
+    # dq_mode "turns-t": dQ^T = K^T dS^T, so a 32-query tile is the matmul's N and three consumers (192 keys
+    # a program) fit in their 160 registers; the consumer whose turn it is issues three matmuls, one for
+    # each consumer's keys, into one accumulator
+    consumers, _ = _copy_engine_adds(tmp_path, "turns-t", "32,192,3,4,ws", causal=False)
+    assert len(consumers) == 3, consumers  # not causal: each consumer's one loop
+    for loop in consumers:
+        turn = loop[loop.index("dot:dk_tok") + 1:]
+        assert turn[:4] == ["if", "dot:dq_tok", "dot:dq_tok", "dot:dq_tok"], loop
 
 
 def test_the_gluon_dq_kernel_computes_p_while_dp_runs_and_bad_configs_are_named(tmp_path):

@@ -3,6 +3,8 @@ the Gluon dK/dV kernel only where it was measured faster.
 
 The kernels have no interpreter: tests/benchmarks/test_flash_sass.py compiles them for sm_90 on this CPU
 machine, and tests/kernels/test_flash.py's GPU tests run them (bit for bit against the Triton kernel)."""
+import math
+
 import pytest
 import torch
 
@@ -147,7 +149,7 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     # _dkdv_ws_kernel is it with no dQ
     cfg = gb.Config(64, 128, 2, 4, "ws")
     assert gb.config_error("fused", 64, cfg) is None
-    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2), ("tma", 3), ("turns", 4)):
+    for dq_mode, mode in (("add", 1), ("red", 2), ("probe", 2), ("tma", 3), ("turns", 4), ("turns-t", 5)):
         kernel, config, options = gb.launch_spec("fused", 64, cfg, dq_mode)
         assert kernel is gb._fused_ws_kernel and config["DQ_MODE"] == mode and config["CONSUMERS"] == 2
         assert options == {"num_warps": 4, "maxnreg": gb.WS_REGS[2][0]}
@@ -174,6 +176,28 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     seven = gb.Config(64, 128, 7, 4, "ws")  # seven Q/dO slots: 192 KiB with tma's tiles, 208 with turns'
     assert gb.config_error("fused", 64, seven, dq_mode="tma") is None
     assert "shared memory" in gb.config_error("fused", 64, seven, dq_mode="turns")
+
+
+def test_transposed_turns_take_two_or_three_consumers_at_any_query_tile():
+    # "turns-t": dQ^T = K^T dS^T, the query tile as the matmul's N, so 16 and 32 query rows take it (the
+    # other fused modes need 64), with two or three consumers in turn; it counts both parities' dS^T tiles
+    # and each consumer's fp32 staging tile in shared memory like "turns"
+    for cfg, consumers in ((gb.Config(32, 192, 3, 4, "ws"), 3), (gb.Config(16, 128, 4, 4, "ws"), 2),
+                           (gb.Config(64, 128, 3, 4, "ws"), 2)):
+        kernel, config, _ = gb.launch_spec("fused", 64, cfg, "turns-t")
+        assert kernel is gb._fused_ws_kernel and config["DQ_MODE"] == 5 and config["CONSUMERS"] == consumers
+    assert gb.config_error("fused", 128, gb.Config(32, 128, 3, 4, "ws"), dq_mode="turns-t") is None
+    assert "64 query rows" in gb.config_error("fused", 64, gb.Config(32, 192, 3, 4, "ws"), dq_mode="turns")
+    for bad, why in ((gb.Config(32, 64, 3, 4, "ws"), "two or three consumers"),
+                     (gb.Config(32, 128, 3, 4), "order ws"),
+                     (gb.Config(64, 192, 4, 4, "ws"), "shared memory")):
+        with pytest.raises(ValueError, match=why):
+            gb.launch_spec("fused", 64, bad, "turns-t")
+    # (16, 128) at d=128 with 3 slots: 64 KiB of K, V + 24 of Q, dO + 8 of dS^T + 16 of staging = 112 KiB;
+    # the same staging with turns' 64-query shape would not take 16 rows at all
+    cfg = gb.Config(16, 128, 3, 4, "ws")
+    assert gb.config_error("fused", 128, cfg, dq_mode="turns-t") is None
+    assert "64 query rows" in gb.config_error("fused", 128, cfg, dq_mode="turns")
 
 
 def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
@@ -251,6 +275,30 @@ def test_the_fused_backwards_prep_gives_torchs_delta_and_zeroes_every_row(shape,
     assert got is acc and torch.equal(acc, torch.zeros(shape))
     assert delta.shape == shape[:-1] and delta.dtype == torch.float32
     assert torch.allclose(delta, (o.float() * do.float()).sum(-1), atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 77, 64), (3, 130, 128), (1, 1, 64, 64)])
+def test_transposed_turns_accumulate_dq_transposed_and_the_cast_gives_dq_back(shape):
+    # "turns-t" adds dQ^T into (Z*H, d, n_q rounded up to 4 columns), zeroed by torch (the prep only
+    # writes Delta there); cast_dq reads it back as dQ of q's shape and dtype, scaled by 1/sqrt(d)
+    q = torch.randn(shape).to(torch.bfloat16)
+    acc = gb.dq_accumulator(q, "turns-t")
+    zh, n, d = math.prod(shape[:-2]), shape[-2], shape[-1]
+    assert acc.shape == (zh, d, -(-n // 4) * 4) and acc.dtype == torch.float32 and not acc.any()
+    assert gb.dq_accumulator(q, "turns").shape == q.shape
+    gen = torch.Generator().manual_seed(5)
+    o, do = (torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2))
+    delta, got = gb.fused_prep(o, do, acc)
+    assert got is acc and not acc.any()  # left as torch zeroed it, padding included
+    assert torch.allclose(delta, (o.float() * do.float()).sum(-1), atol=1e-5)
+    want = torch.randn(shape, generator=gen)  # an fp32 dQ before its scale
+    acc[..., :n] = want.reshape(zh, n, d).transpose(-1, -2)
+    acc[..., n:] = float("nan")  # padding columns are never read
+    dq = gb.cast_dq(acc, q)
+    assert dq.shape == q.shape and dq.dtype == q.dtype
+    assert torch.equal(dq, (want * (1 / math.sqrt(d))).to(q.dtype))
+    plain = want.clone()
+    assert torch.equal(gb.cast_dq(plain, q), dq)  # the other layout gives the same dQ
 
 
 def test_the_fused_backwards_prep_names_what_it_cannot_take():
