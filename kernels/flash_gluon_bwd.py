@@ -1168,18 +1168,32 @@ def dq_accumulator(q: torch.Tensor, dq_mode: str) -> torch.Tensor:
     return torch.zeros((Z * H, d, triton.cdiv(n_q, 4) * 4), dtype=torch.float32, device=q.device)
 
 
+@triton.jit
+def _cast_dq_t_kernel(ACC, DQ, n_q, q_cols, sm_scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """dQ rows [pid_m * ROWS, + ROWS) of one (z, h) from the transposed accumulator ((Z*H, HEAD_DIM, q_cols)
+    fp32): read along the queries, scaled, transposed on chip, written along d into DQ ((Z*H, n_q,
+    HEAD_DIM), contiguous, its dtype)."""
+    pid_m, pid_zh = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * ROWS + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < n_q
+    acc_t = tl.load(ACC + pid_zh.to(tl.int64) * HEAD_DIM * q_cols + offs_d[:, None] * q_cols + offs_m[None, :],
+                    mask=row_ok[None, :], other=0.0)
+    dq = tl.trans(acc_t * sm_scale).to(DQ.dtype.element_ty)
+    tl.store(DQ + (pid_zh.to(tl.int64) * n_q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :], dq, mask=row_ok[:, None])
+
+
 def cast_dq(acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """dQ shaped and typed like q from the fused kernel's fp32 accumulator (dq_accumulator's either layout),
-    scaled by 1/sqrt(d) and cast in one pass."""
+    scaled by 1/sqrt(d) and cast in one pass (the transposed one by _cast_dq_t_kernel)."""
     dq_ = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     sm_scale = _scales(q.shape[-1])[0]
     if acc.shape == q.shape:
         torch.mul(acc, sm_scale, out=dq_)  # fp32 product, cast into dQ's dtype as it is written
     else:
-        q4 = ft._as_zhnd(q)
-        Z, H, n_q, d = q4.shape
-        acc_t = acc.view(Z, H, d, acc.shape[-1])[..., :n_q].transpose(-1, -2)
-        torch.mul(acc_t, sm_scale, out=dq_.view(q4.shape))
+        Z, H, n_q, d = ft._as_zhnd(q).shape
+        _cast_dq_t_kernel[(triton.cdiv(n_q, PREP_ROWS), Z * H)](acc, dq_, n_q, acc.shape[-1], sm_scale, HEAD_DIM=d,
+                                                               ROWS=PREP_ROWS)
     return dq_
 
 

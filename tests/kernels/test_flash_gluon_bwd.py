@@ -280,14 +280,15 @@ def test_the_fused_backwards_prep_gives_torchs_delta_and_zeroes_every_row(shape,
 @pytest.mark.parametrize("shape", [(2, 3, 77, 64), (3, 130, 128), (1, 1, 64, 64)])
 def test_transposed_turns_accumulate_dq_transposed_and_the_cast_gives_dq_back(shape):
     # "turns-t" adds dQ^T into (Z*H, d, n_q rounded up to 4 columns), zeroed by torch (the prep only
-    # writes Delta there); cast_dq reads it back as dQ of q's shape and dtype, scaled by 1/sqrt(d)
-    q = torch.randn(shape).to(torch.bfloat16)
+    # writes Delta there); cast_dq reads it back as dQ of q's shape and dtype, scaled by 1/sqrt(d) (fp16:
+    # the interpreter's bf16 conversion truncates where the GPU's rounds)
+    q = torch.randn(shape).to(torch.float16)
     acc = gb.dq_accumulator(q, "turns-t")
     zh, n, d = math.prod(shape[:-2]), shape[-2], shape[-1]
     assert acc.shape == (zh, d, -(-n // 4) * 4) and acc.dtype == torch.float32 and not acc.any()
     assert gb.dq_accumulator(q, "turns").shape == q.shape
     gen = torch.Generator().manual_seed(5)
-    o, do = (torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2))
+    o, do = (torch.randn(shape, generator=gen).to(torch.float16) for _ in range(2))
     delta, got = gb.fused_prep(o, do, acc)
     assert got is acc and not acc.any()  # left as torch zeroed it, padding included
     assert torch.allclose(delta, (o.float() * do.float()).sum(-1), atol=1e-5)
