@@ -1162,8 +1162,8 @@ def _fused_prep_kernel(O, DO, Delta, DQ_ACC, stride_oz, stride_oh, stride_om, st
 
 
 def dq_accumulator(q: torch.Tensor, dq_mode: str) -> torch.Tensor:
-    """A zeroed fp32 dQ accumulator for the fused kernel adding dQ as dq_mode says: q's shape, contiguous,
-    or with "turns-t" dQ^T, (Z*H, d, n_q rounded up to 4) (zeroed by torch; fused_prep zeroes the other)."""
+    """The fp32 dQ accumulator for the fused kernel adding dQ as dq_mode says: q's shape, contiguous, left
+    for fused_prep to zero; or with "turns-t" dQ^T, (Z*H, d, n_q rounded up to 4), zeroed here by torch."""
     if dq_mode != "turns-t":
         return torch.empty(q.shape, dtype=torch.float32, device=q.device)
     Z, H, n_q, d = ft._as_zhnd(q).shape

@@ -1192,17 +1192,15 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
     `key` when want_plan (the prep kernel is launched through Triton; the fused kernel by its plan)."""
     from kernels import flash_gluon_bwd
 
-    sm_scale = 1.0 / math.sqrt(q.shape[-1])
     q4, k4, v4, do4 = (_as_zhnd(t) for t in (q, k, v, grad_out))
     delta, acc = flash_gluon_bwd.fused_prep(out, grad_out)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc.view(q4.shape))
     fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan, flash_gluon_bwd.SHIPPED_FUSED_DQ_MODE)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    torch.mul(acc, sm_scale, out=dq)  # fp32 product, cast into dQ's dtype as it is written
+    dq = flash_gluon_bwd.cast_dq(acc, q)
     if fused is not None:
-        shapes, dtype, device = (k.shape, v.shape, q.shape), q.dtype, q.device
+        shapes, dtype, device = (k.shape, v.shape), q.dtype, q.device
 
         def plan(q, k, v, o, lse, do):
             if copy_grad:
@@ -1211,9 +1209,7 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
             dk = torch.empty(shapes[0], dtype=dtype, device=device)
             dv = torch.empty(shapes[1], dtype=dtype, device=device)
             fused(q, k, v, do, lse, delta, dk, dv, acc)
-            dq = torch.empty(shapes[2], dtype=dtype, device=device)
-            torch.mul(acc, sm_scale, out=dq)
-            return dq, dk, dv
+            return flash_gluon_bwd.cast_dq(acc, q), dk, dv
         plan.kernels = (fused,)
         _remember(key, plan)
     return dq, dk, dv

@@ -513,6 +513,35 @@ def test_the_backward_goes_fused_from_fused_min_seq_queries_and_keys_on(monkeypa
     assert seen == ["cfg", "cfg"]  # 48 queries, but the keys fall short
 
 
+def test_the_fused_backward_scales_the_summed_dq_and_plans_the_same_three_steps(monkeypatch):
+    # _fused_backward's host side, with the Gluon kernel stood in for by one that adds 2q into the fp32
+    # accumulator and copies k, v into dK, dV: dQ comes out as the zeroed-then-summed accumulator over
+    # sqrt(d), cast to q's dtype, and the remembered plan (prep, kernel, cast again) gives the same
+    import kernels.flash_triton as ft
+
+    def kernel(q, k, v, do, lse, delta, dk, dv, acc):
+        acc += 2 * q.float().reshape(acc.shape)
+        dk.copy_(k.reshape(dk.shape))
+        dv.copy_(v.reshape(dv.shape))
+
+    def launch(which, cfg, tensors, group, is_causal, q, want_plan, dq_mode="add"):
+        assert which == "fused" and dq_mode == "turns"
+        kernel(*tensors)
+        return kernel if want_plan else None
+
+    monkeypatch.setattr(ft, "_launch_gluon", launch)
+    q, k, v, do = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 40, 64), seed=4))
+    o, lse = ft.flash_attention_forward(q, k, v, True)
+    key = ("test-fused-plan",)
+    want_dq = (2 * q.float() / 8).to(q.dtype)  # 1/sqrt(64)
+    got = ft._fused_backward(q, k, v, o, lse, do, True, "cfg", 1, False, key, True)
+    for a, b in zip(got, (want_dq, k, v), strict=True):
+        assert a.dtype == q.dtype and torch.equal(a, b)
+    again = ft._PLANS.pop(key)(q, k, v, o, lse, do)
+    for a, b in zip(again, got, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_the_copy_decision_takes_only_a_large_stride0_gradient_beside_a_descriptor_q():
     import kernels.flash_triton as ft
 
