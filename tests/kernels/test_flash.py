@@ -921,7 +921,8 @@ def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(s
     ((1, 3, 777, 64), None, True), ((2, 2, 1000, 64), None, False), ((1, 2, 777, 64), (1, 2, 1000, 64), True),
     ((1, 2, 777, 128), None, True), ((2, 2, 1000, 128), None, False)])
 @pytest.mark.parametrize("cfg", [(32, 192, 3, 4, "ws"), (16, 192, 4, 4, "ws"), (64, 128, 3, 4, "ws"),
-                                 (32, 128, 3, 4, "ws"), (16, 128, 4, 4, "ws")])
+                                 (32, 128, 3, 4, "ws"), (16, 128, 4, 4, "ws")],
+                         ids=lambda cfg: "x".join(map(str, cfg[:4])))  # -k 32x192x3x4 picks a config
 def test_gpu_transposed_turns_give_the_split_backwards_gradients(shape, shape_k, causal, cfg):
     # the warp-specialised fused study kernel with dq_mode "turns-t" (dQ^T added into a transposed
     # accumulator, the consumers in turn, 16-64 query rows a step): every row of dQ, dK, dV within
