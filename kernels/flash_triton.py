@@ -724,8 +724,8 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 
 # The fused Gluon backward (kernels/flash_gluon_bwd.py: one warp-specialised kernel for dK, dV and dQ, five
 # matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
-# runs where it ships (SHIPPED_FUSED there: d=64 causal) on calls of at least this many queries, and as
-# many keys.
+# runs where it ships (SHIPPED_FUSED there: d=64 causal) on calls of at least this many queries and at
+# least this many keys.
 # Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md):
 # 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
 # query tiles there). Its dQ comes from atomic fp32 adds, so unlike the split backward's it can differ in
@@ -763,9 +763,9 @@ class LaunchOptions:
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
     gluon_fused the backward is the fused Gluon kernel (kernels/flash_gluon_bwd.py, SHIPPED_FUSED) on
-                calls of at least fused_min_seq queries and at least that many keys, where _gluon_config allows it
-                (as gluon_dkdv; neither dq nor dkdv pinned). Its dQ is summed by atomic adds, so not
-                bitwise reproducible; False keeps the split backward everywhere
+                calls of at least fused_min_seq queries and at least that many keys, where _gluon_config
+                allows it (as gluon_dkdv; neither dq nor dkdv pinned). Its dQ is summed by atomic adds, so
+                not bitwise reproducible; False keeps the split backward everywhere
     fused_min_seq
                 the queries, and the keys, a call needs for gluon_fused to apply (FUSED_MIN_SEQ)
     """
