@@ -25,7 +25,8 @@ for that long a round, the median round counting (flash_ab's sustained mode):
                             dQ^T for two or three consumers at any block_m), dQ cast;
                             fused_kernel_<cfg>[_<mode>] its kernel alone, and fused_probe_<cfg> the red kernel
                             adding no row (what the adds' traffic costs; 64-query configs); --dq-mode picks
-                            the modes
+                            the modes; with --rotate each ws one also with a _rot suffix: the kernel's
+                            non-causal programs each starting at their own query tile (flash_gluon_bwd's rotate)
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
 Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
@@ -200,17 +201,20 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         # recorded as failed
         modes = [m for m in args.dq_mode or FUSED_DQ_MODES
                  if gb.config_error("fused", q.shape[-1], cfg, dq_mode=m) is None or m in ("add", "red")]
-        for mode in modes:  # the whole backward, checked, then its kernel alone
-            name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}")
-            if try_first(name, lambda cfg=cfg, m=mode: dict(zip(
-                    ("dq", "dk", "dv"), gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m), strict=True))):
-                calls[name] = lambda cfg=cfg, m=mode: gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=m)
+        rotations = (False, True) if args.rotate and cfg.order == "ws" else (False,)
+        for mode, rot in ((m, r) for m in modes for r in rotations):  # the whole backward, checked, then its kernel
+            name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}") + ("_rot" if rot else "")
+            if try_first(name, lambda cfg=cfg, m=mode, r=rot: dict(zip(("dq", "dk", "dv"), gb.fused_backward(
+                    q, k, v, o, lse, do, causal, cfg, dq_mode=m, rotate=r), strict=True))):
+                calls[name] = lambda cfg=cfg, m=mode, r=rot: gb.fused_backward(q, k, v, o, lse, do, causal, cfg,
+                                                                               dq_mode=m, rotate=r)
                 calls[name.replace("fused_", "fused_kernel_", 1)] = (
-                    lambda cfg=cfg, t=tensors["turns-t" if mode == "turns-t" else "add"], g=group, m=mode:
-                    gb.launch("fused", t, causal, cfg, g, m))
+                    lambda cfg=cfg, t=tensors["turns-t" if mode == "turns-t" else "add"], g=group, m=mode, r=rot:
+                    gb.launch("fused", t, causal, cfg, g, m, r))
         if gb.config_error("fused", q.shape[-1], cfg, dq_mode="probe") is None:  # (the red kernel: 64 queries)
-            calls[f"fused_probe_{config_name(cfg)}"] = (
-                lambda cfg=cfg, t=tensors["add"], g=group: gb.launch("fused", t, causal, cfg, g, "probe"))
+            for rot in rotations:
+                calls[f"fused_probe_{config_name(cfg)}" + ("_rot" if rot else "")] = (
+                    lambda cfg=cfg, t=tensors["add"], g=group, r=rot: gb.launch("fused", t, causal, cfg, g, "probe", r))
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
         ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))
@@ -262,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dq-mode", action="append", choices=FUSED_DQ_MODES, default=None,
                     help=f"with --fused-config: only these ways of adding dQ (repeatable; default every one the "
                          f"config takes of {', '.join(FUSED_DQ_MODES)})")
+    ap.add_argument("--rotate", action="store_true",
+                    help="with --fused-config ...,ws: also time each mode with the non-causal programs each starting "
+                         "at their own query tile (names with _rot)")
     ap.add_argument("--pairs", action="store_true",
                     help="also time the Triton kernels back to back in one sample (pair_dq_dkdv as the backward "
                          "runs them, pair_dkdv_dq, twice_dq, twice_dkdv) and each SDPA backward twice")
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = args.config or CONFIGS
     report = {"kind": "flash_gluon_bwd_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
               "dq_configs": [list(c) for c in args.dq_config or DQ_CONFIGS],
-              "fused_configs": [list(c) for c in args.fused_config],
+              "fused_configs": [list(c) for c in args.fused_config], "rotate": args.rotate,
               "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
               "sustain_ms": args.sustain_ms,
               "speedup_of": "median of rounds" if args.sustain_ms is not None else "best round", "cells": []}

@@ -211,11 +211,11 @@ def compile_gluon_bwd(args, ap) -> int:
     _gluon_head_dim(args, ap, "--gluon-bwd")
     try:
         jit_fn, config, options = flash_gluon_bwd.launch_spec(kernel, args.head_dim, flash_gluon_bwd.Config(*cfg),
-                                                              args.dq_mode)
+                                                              args.dq_mode, args.rotate)
     except ValueError as exc:
         ap.error(f"--gluon-bwd {kernel}={bwd_config_name(cfg)}: {exc}")
     mode = "" if kernel != "fused" or args.dq_mode == "add" else f"_{args.dq_mode}"
-    name = f"gluon_{kernel}_{bwd_config_name(cfg)}{mode}_d{args.head_dim}"
+    name = f"gluon_{kernel}_{bwd_config_name(cfg)}{mode}{'_rot' if args.rotate else ''}_d{args.head_dim}"
     return _gluon_listing(args, jit_fn, config, options, name, {"kernel": f"gluon_{kernel}", "config": list(cfg)})
 
 
@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                               help="a Gluon backward kernel (dkdv or dq) and its config")
     ap.add_argument("--dq-mode", default="add",
                     help="with --gluon-bwd fused=...: how dQ is added (kernels.flash_gluon_bwd.DQ_MODES)")
+    ap.add_argument("--rotate", action="store_true",
+                    help="with --gluon-bwd fused=...,ws: non-causal programs each start at their own query tile")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--causal", action="store_true")

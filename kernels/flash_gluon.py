@@ -365,18 +365,28 @@ def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars
 
 
 @gluon.jit
+def _tile_row(t, first_row, shift, n_iter, ROWS: gl.constexpr, ROTATE: gl.constexpr):
+    """The first row of the t-th of a program's n_iter tiles (t up to n_iter): first_row + t * ROWS, or with
+    ROTATE the tiles taken from tile `shift` on, wrapping round at n_iter."""
+    if ROTATE:
+        t = (t + shift) % n_iter
+    return first_row + t * ROWS
+
+
+@gluon.jit
 def _ws_stream(a_desc, b_desc, a_smem, b_smem, ready_bars, empty_bars, first_row, n_iter, ROWS: gl.constexpr,
-               STAGES: gl.constexpr):
-    """A producer's stream: tile t (rows first_row + t * ROWS of both tensors) into slot t % STAGES once
-    every consumer has released the slot's previous tile (a fresh mbarrier counts its phase "-1" as
-    complete); the copy engine completes the slot's ready barrier."""
+               STAGES: gl.constexpr, shift=0, ROTATE: gl.constexpr = False):
+    """A producer's stream: tile t (rows _tile_row(t, ...) of both tensors: first_row + t * ROWS unless
+    ROTATE) into slot t % STAGES once every consumer has released the slot's previous tile (a fresh
+    mbarrier counts its phase "-1" as complete); the copy engine completes the slot's ready barrier."""
     for t in range(n_iter):
         slot = t % STAGES
         mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
         ready = ready_bars.index(slot)
         mbarrier.expect(ready, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(a_desc, [first_row + t * ROWS, 0], ready, a_smem.index(slot))
-        tma.async_copy_global_to_shared(b_desc, [first_row + t * ROWS, 0], ready, b_smem.index(slot))
+        row = _tile_row(t, first_row, shift, n_iter, ROWS, ROTATE)
+        tma.async_copy_global_to_shared(a_desc, [row, 0], ready, a_smem.index(slot))
+        tma.async_copy_global_to_shared(b_desc, [row, 0], ready, b_smem.index(slot))
 
 
 @gluon.jit

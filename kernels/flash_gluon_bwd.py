@@ -76,6 +76,7 @@ from kernels.flash_gluon import (
     _mma_layout,
     _program_tile,
     _refill,
+    _tile_row,
     _ws_stream,
 )
 from kernels.names import GLUON_RS_SUFFIX
@@ -269,7 +270,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
           WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
-          WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2):
+          WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2, shift=0, ROTATE: gl.constexpr = False):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -281,10 +282,15 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     accumulator's tensor descriptor and dq_stage the warpgroup's fp32 staging tile. DQ_MODE 4 (consumer
     WHICH of CONSUMERS) shares its dS^T instead (_share_ds: ds_smem is then every slot of both parities),
     and on the tiles that are its turn adds the whole program's share, dS K over every consumer's keys
-    (k_all), the same way (_turn_dq); DQ_MODE 5 the same as dQ^T into a (HEAD_DIM, n_q) accumulator."""
+    (k_all), the same way (_turn_dq); DQ_MODE 5 the same as dQ^T into a (HEAD_DIM, n_q) accumulator.
+    ROTATE (the warp-specialised kernel, non-causal): step t takes query tile (t + shift) % n_iter (_tile_row)."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
-    start_m = lo + t * BLOCK_M
+    start_m = _tile_row(t, lo, shift, n_iter, BLOCK_M, ROTATE)
+    if ROTATE:  # the next tile's first row, whose row stats this step prefetches
+        next_m = _tile_row(t + 1, lo, shift, n_iter, BLOCK_M, ROTATE)
+    else:
+        next_m = start_m + BLOCK_M
     q_t = q_smem.index(slot)
     do_t = do_smem.index(slot)
     mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
@@ -295,7 +301,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
         if DQ_DEFER:  # the tile before's dQ, from its dS^T left in shared memory, behind this tile's scores
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
-        lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+        lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
         st = warpgroup_mma_wait(1 + DQ_DEFER, deps=[st_tok])  # S^T done; dP^T (and dQ) may still run
         pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
                             BLOCK_N, st_layout)
@@ -343,7 +349,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
         dk_tok = warpgroup_mma(ds_op, q_smem.index(prev), dk, is_async=True)
-        lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+        lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
         st = warpgroup_mma_wait(2, deps=[st_tok])  # S^T done; dP^T and dK may still run
         pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
                             BLOCK_N, st_layout)
@@ -359,7 +365,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         prev = slot
     else:
         # the plain order, for comparison: each matmul waited for at once
-        lse2_next, delta_next = _row_stats(l_base, delta_base, start_m + BLOCK_M, n_q, BLOCK_M, st_layout)
+        lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
         st = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False)
         pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
                             BLOCK_N, st_layout)
@@ -521,14 +527,14 @@ _WG_KEYS = gl.constexpr(WG_KEYS)  # (what a kernel can read)
 @gluon.jit
 def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
                     empty_bars, start_n, lo, n_iter, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMERS: gl.constexpr):
-    """The producer: every consumer's K and V rows once, then the Q and dO of query tile t into slot
-    t % STAGES (_ws_stream). Key rows past n_k come in as zeros."""
+                    CONSUMERS: gl.constexpr, shift, ROTATE: gl.constexpr):
+    """The producer: every consumer's K and V rows once, then the Q and dO of the t-th query tile
+    (_tile_row) into slot t % STAGES (_ws_stream). Key rows past n_k come in as zeros."""
     mbarrier.expect(kv_bar, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(k_desc, [start_n + c * _WG_KEYS, 0], kv_bar, k_smem.index(c))
         tma.async_copy_global_to_shared(v_desc, [start_n + c * _WG_KEYS, 0], kv_bar, v_smem.index(c))
-    _ws_stream(q_desc, do_desc, q_smem, do_smem, ready_bars, empty_bars, lo, n_iter, BLOCK_M, STAGES)
+    _ws_stream(q_desc, do_desc, q_smem, do_smem, ready_bars, empty_bars, lo, n_iter, BLOCK_M, STAGES, shift, ROTATE)
 
 
 @gluon.jit
@@ -536,7 +542,7 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
                       stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
                       ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr,
-                      DQ_MODE: gl.constexpr):
+                      DQ_MODE: gl.constexpr, shift, ROTATE: gl.constexpr):
     """Consumer warpgroup WHICH: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every query tile of
     the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
     (dk_base, dv_base: this (z, h)'s). Causal: the tiles above its keys' diagonal are waited for and
@@ -581,7 +587,8 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
                 dq_t = warpgroup_mma_wait(0, deps=[dq_tok])
                 mbarrier.arrive(ds_free.index(t % 2), count=1)
                 _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5)
-    lse2, delta = _row_stats(l_base, delta_base, lo + n_skip * BLOCK_M, n_q, BLOCK_M, st_layout)
+    lse2, delta = _row_stats(l_base, delta_base, _tile_row(n_skip, lo, shift, n_iter, BLOCK_M, ROTATE), n_q, BLOCK_M,
+                             st_layout)
     dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
     ds_op = gl.zeros([_WG_KEYS, BLOCK_M], dtype, op_layout)  # (_step's ORDER 1 state, unused here)
@@ -592,13 +599,13 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE)
     if DQ_MODE >= 3:
         tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
@@ -620,10 +627,11 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                      H, n_q, n_k, dq_rows, sm_scale, qk_scale,
                      IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     DQ_MODE: gl.constexpr):
+                     DQ_MODE: gl.constexpr, ROTATE: gl.constexpr = False):
     # _fused_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program; DQ_MODE 0 is the
     # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red),
-    # 3 by the copy engine, 4 the program's whole share by one consumer a tile in turns, 5 that as dQ^T
+    # 3 by the copy engine, 4 the program's whole share by one consumer a tile in turns, 5 that as dQ^T.
+    # ROTATE (non-causal only): each program takes the query tiles from its diagonal's on, wrapping round
     pid_n, pid_zh, z, h = _program_tile(H, False)  # key tiles in launch order: causal key tile 0 sees the most
     start_n = pid_n * BLOCK_N
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -679,6 +687,14 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     else:
         lo = 0
     n_iter = gl.cdiv(gl.maximum(n_q - lo, 0), BLOCK_M)
+    # Non-causal, every program of a head would otherwise add into query tile 0's dQ rows at about the same
+    # time, then tile 1's, and so on. With ROTATE, program pid_n starts at tile start_n / BLOCK_M (where a
+    # causal one starts) and wraps round: the programs side by side add into rows spread over the head.
+    ROTATE_Q: gl.constexpr = ROTATE and not IS_CAUSAL
+    if ROTATE_Q:
+        shift = (start_n // BLOCK_M) % gl.maximum(n_iter, 1)
+    else:
+        shift = 0
     l_base = L + pid_zh.to(gl.int64) * n_q
     delta_base = Delta + pid_zh.to(gl.int64) * n_q
     dk_base = DK + z.to(gl.int64) * stride_dkz + h.to(gl.int64) * stride_dkh
@@ -689,38 +705,39 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
-                                 BLOCK_M, STAGES, 0, DQ_MODE)),
+                                 BLOCK_M, STAGES, 0, DQ_MODE, shift, ROTATE_Q)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
-                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))], [1], [24])
+                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS, shift, ROTATE_Q))],
+            [1], [24])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
-                                 BLOCK_M, STAGES, 0, DQ_MODE)),
+                                 BLOCK_M, STAGES, 0, DQ_MODE, shift, ROTATE_Q)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
-                                 BLOCK_M, STAGES, 1, DQ_MODE)),
+                                 BLOCK_M, STAGES, 1, DQ_MODE, shift, ROTATE_Q)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
-                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
+                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS, shift, ROTATE_Q))],
             [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
-                                 BLOCK_M, STAGES, 0, DQ_MODE)),
+                                 BLOCK_M, STAGES, 0, DQ_MODE, shift, ROTATE_Q)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
-                                 BLOCK_M, STAGES, 1, DQ_MODE)),
+                                 BLOCK_M, STAGES, 1, DQ_MODE, shift, ROTATE_Q)),
             (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
-                                 BLOCK_M, STAGES, 2, DQ_MODE)),
+                                 BLOCK_M, STAGES, 2, DQ_MODE, shift, ROTATE_Q)),
             (_dkdv_ws_loader, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars,
-                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS))],
+                               empty_bars, start_n, lo, n_iter, BLOCK_M, STAGES, CONSUMERS, shift, ROTATE_Q))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -973,9 +990,10 @@ def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False,
     return None
 
 
-def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
+def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add", rotate: bool = False):
     """(kernel, its config's constexprs, launch options) for `kernel` (KERNELS) at `cfg`, or ValueError
-    naming what is wrong with them."""
+    naming what is wrong with them. rotate: the warp-specialised fused kernel's non-causal programs each
+    start at their own query tile (_fused_ws_kernel's ROTATE); elsewhere it must be off."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: one of {', '.join(KERNELS)}")
     if dq_mode not in DQ_MODES:
@@ -983,6 +1001,9 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
     why = config_error(kernel, head_dim, cfg, dq_mode=dq_mode)
     if why:
         raise ValueError(why)
+    if rotate and (kernel, cfg.order) != ("fused", "ws"):
+        raise ValueError(f"rotate: the warp-specialised fused kernel's only (kernel fused, order ws), not "
+                         f"{kernel} {cfg.order}")
     options = {"num_warps": cfg.num_warps}
     if cfg.maxnreg is not None:
         options["maxnreg"] = cfg.maxnreg
@@ -994,7 +1015,7 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add"):
                   CONSUMER_REGS=consumer_regs)
         options = {"num_warps": 4, "maxnreg": maxnreg}
         if kernel == "fused":
-            return _fused_ws_kernel, {**ws, "DQ_MODE": _DQ_MODE_IDS[dq_mode]}, options
+            return _fused_ws_kernel, {**ws, "DQ_MODE": _DQ_MODE_IDS[dq_mode], "ROTATE": rotate}, options
         return _dkdv_ws_kernel, ws, options
     order = cfg.order.removesuffix(RS_SUFFIX)  # and the operands in registers where that took a suffix off
     if kernel == "dkdv":
@@ -1078,12 +1099,14 @@ def shipped_config(kernel: str, head_dim: int, is_causal: bool) -> Config | None
 _UNSTRIDED = {"dkdv": (4, 5), "dq": (5, 6), "fused": (4, 5, 8)}
 
 
-def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int, dq_mode: str = "add"):
+def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int, dq_mode: str = "add",
+           rotate: bool = False):
     """Launch `kernel` (KERNELS) on its tensors in signature order ((Z, H, n, d) views and the fp32 row
-    stats) at `cfg`, in grid order `group` (flash_triton._head_group). Returns (jit function, compiled
-    kernel, runtime args, constexprs, grid): what flash_triton's launch plans are made from."""
+    stats) at `cfg`, in grid order `group` (flash_triton._head_group), rotate as launch_spec takes it.
+    Returns (jit function, compiled kernel, runtime args, constexprs, grid): what flash_triton's launch
+    plans are made from."""
     q4, k4 = tensors[0], tensors[1]
-    jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg, dq_mode)
+    jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg, dq_mode, rotate)
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[-2]
     strides = (x for i, t in enumerate(tensors) if i not in _UNSTRIDED[kernel] for x in t.stride()[:3])
@@ -1222,11 +1245,11 @@ def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = Non
 
 
 def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = FUSED_CONFIG,
-                   head_group: int | None = None, dq_mode: str = "add"):
+                   head_group: int | None = None, dq_mode: str = "add", rotate: bool = False):
     """(dQ, dK, dV) from one fused kernel (_fused_kernel): Delta = rowsum(O * dO) and the zeroed fp32
     accumulator first (fused_prep), dQ added in fp32 by every key tile's program, then scaled and cast in
     one pass. An experiment beside the split backward (docs/results/h200/flash_gluon_bwd/); dq_mode "probe"
-    leaves dQ zero (DQ_MODES)."""
+    leaves dQ zero (DQ_MODES); rotate as launch_spec takes it."""
     _check(q, k, v, do, {"lse": lse})
     if o.shape != q.shape or o.dtype != q.dtype:
         raise ValueError(f"out {tuple(o.shape)} {o.dtype}: want q's shape {tuple(q.shape)} and dtype {q.dtype}")
@@ -1235,5 +1258,5 @@ def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = F
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
     launch("fused", (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), dq_acc), is_causal, cfg,
-           group, dq_mode)
+           group, dq_mode, rotate)
     return cast_dq(dq_acc, q), dk, dv

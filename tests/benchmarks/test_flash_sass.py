@@ -244,15 +244,15 @@ def test_the_warp_specialised_fused_kernel_adds_dq_in_each_consumer(tmp_path):
 
 
 def _copy_engine_adds(tmp_path, dq_mode: str, cfg: str = "64,128,2,4,ws", causal: bool = True,
-                      ) -> tuple[list[list[str]], str]:
-    """Compile the warp-specialised fused kernel (d=64, causal unless said) at `cfg` with dQ added by the
-    copy engine in `dq_mode`, check what all such modes share, and return its consumers' loops and its PTX:
-    the copy engine's reduction (UTMAREDG ... ADD), no thread adding an element itself, no stack, and a
-    read-wait before a consumer rewrites its staging tile."""
+                      rotate: bool = False) -> tuple[list[list[str]], str]:
+    """Compile the warp-specialised fused kernel (d=64, causal unless said, rotated if asked) at `cfg` with
+    dQ added by the copy engine in `dq_mode`, check what all such modes share, and return its consumers'
+    loops and its PTX: the copy engine's reduction (UTMAREDG ... ADD), no thread adding an element itself,
+    no stack, and a read-wait before a consumer rewrites its staging tile."""
     r = _run("--gluon-bwd", f"fused={cfg}", "--dq-mode", dq_mode, "--head-dim", "64", *(["--causal"] * causal),
-             "--out", str(tmp_path))
+             *(["--rotate"] * rotate), "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    name = f"gluon_fused_{'x'.join(cfg.split(',')[:4])}_ws_{dq_mode}_d64"
+    name = f"gluon_fused_{'x'.join(cfg.split(',')[:4])}_ws_{dq_mode}{'_rot' * rotate}_d64"
     report = json.loads((tmp_path / f"{name}.json").read_text())
     consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
     ops = report["sass_ops"]
@@ -281,6 +281,27 @@ def test_in_turns_one_consumer_a_tile_adds_the_dq_of_both_consumers_keys(tmp_pat
         turn = loop[loop.index("dot:dk_tok") + 1:]
         assert turn[:3] == ["if", "dot:dq_tok", "dot:dq_tok"], loop
     assert re.search(r"@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)  # predicated: one thread arrives
+
+
+def _sass_text(path) -> list[str]:
+    """A SASS listing's instructions, without the addresses in their comments."""
+    return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in path.read_text().splitlines()
+            if re.match(r"\s*/\*[0-9a-f]+\*/", line)]
+
+
+def test_rotated_query_tiles_take_a_remainder_and_compile_away_where_causal(tmp_path):
+    # rotate: each non-causal program takes its query tiles from its own on, wrapping round, so the producer
+    # and the consumers compute a tile's row with a remainder by the tile count (PTX rem, which the kernel
+    # without it has none of) and the loops keep their form, with no stack; causal it is off, and the kernel
+    # is the one without it
+    consumers, ptx = _copy_engine_adds(tmp_path / "nc", "turns", "64,128,3,4,ws", causal=False, rotate=True)
+    assert len(consumers) == 2 and all(loop[loop.index("dot:dk_tok") + 1:][:3] == ["if", "dot:dq_tok", "dot:dq_tok"]
+                                       for loop in consumers), consumers
+    assert len(re.findall(r"\brem\.[su]32\b", ptx)) >= 3  # the producer's and each consumer's
+    _copy_engine_adds(tmp_path / "c", "turns", "64,128,3,4,ws", rotate=True)
+    _copy_engine_adds(tmp_path / "c0", "turns", "64,128,3,4,ws")
+    rotated = _sass_text(tmp_path / "c" / "gluon_fused_64x128x3x4_ws_turns_rot_d64.sass")
+    assert rotated and rotated == _sass_text(tmp_path / "c0" / "gluon_fused_64x128x3x4_ws_turns_d64.sass")
 
 
 def test_in_transposed_turns_three_consumers_take_32_query_tiles_without_spilling(tmp_path):

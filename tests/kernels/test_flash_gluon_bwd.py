@@ -178,6 +178,18 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     assert "shared memory" in gb.config_error("fused", 64, seven, dq_mode="turns")
 
 
+def test_rotated_query_tiles_are_the_warp_specialised_fused_kernels_knob():
+    # rotate: a constexpr of _fused_ws_kernel (off unless asked; the kernel ignores it where causal), refused
+    # by name for every other kernel and order
+    cfg = gb.Config(64, 128, 3, 4, "ws")
+    assert gb.launch_spec("fused", 64, cfg, "turns")[1]["ROTATE"] is False
+    for dq_mode in ("add", "tma", "turns", "turns-t"):
+        assert gb.launch_spec("fused", 64, cfg, dq_mode, rotate=True)[1]["ROTATE"] is True
+    for kernel, bad in (("fused", gb.Config(64, 64, 2, 4)), ("dkdv", cfg), ("dq", gb.DQ_CONFIG)):
+        with pytest.raises(ValueError, match="rotate: the warp-specialised fused kernel's only"):
+            gb.launch_spec(kernel, 64, bad, "add", rotate=True)
+
+
 def test_transposed_turns_take_two_or_three_consumers_at_any_query_tile():
     # "turns-t": dQ^T = K^T dS^T, the query tile as the matmul's N, so 16 and 32 query rows take it (the
     # other fused modes need 64), with two or three consumers in turn; it counts both parities' dS^T tiles
