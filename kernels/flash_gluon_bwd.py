@@ -37,7 +37,9 @@ the cheapest of the three on an H100 but the kernel still slower than the split 
 adding the dQ of the program's 128 keys on its tiles. That form is what flash_triton's backward runs for
 causal d=64 from seq 8192 (SHIPPED_FUSED; docs/results/h100/gluon_paths/README.md). "turns-t" (DQ_MODE 5)
 adds dQ^T instead, into a transposed accumulator (dq_accumulator, cast_dq), so two or three consumers can
-take 16 to 64 query rows a step; it was no faster (docs/results/h200/flash_gluon_bwd/README.md). The "-rs"
+take 16 to 64 query rows a step; it was no faster (docs/results/h200/flash_gluon_bwd/README.md). With `rotate`
+(launch_spec) each non-causal program takes the query tiles from its own on, so the programs side by side add
+into different dQ rows; no faster either (docs/results/h100/gluon_paths/README.md). The "-rs"
 orders (RS_ORDERS) hold the score matmuls' resident operands in registers
 (docs/results/h200/flash_rs/README.md).
 
