@@ -209,8 +209,7 @@ def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr, CONSUMERS: 
 
 
 @gluon.jit
-def _turn_dq(t, ds_smem, ds_full, k_all, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, dq_layout: gl.constexpr,
-             CONSUMERS: gl.constexpr, TRANSPOSED: gl.constexpr):
+def _turn_dq(t, ds_smem, ds_full, k_all, dq_layout: gl.constexpr, CONSUMERS: gl.constexpr, TRANSPOSED: gl.constexpr):
     """DQ_MODE 4 and 5, on the tiles that are this consumer's turn: once every consumer's dS^T of tile t
     is shared (ds_full), issue the program's whole share of its dQ over all CONSUMERS x WG_KEYS keys
     (async; the caller waits, then arrives on ds_free). DQ_MODE 4: dQ = sum_c dS_c K_c, (BLOCK_M,
@@ -218,21 +217,27 @@ def _turn_dq(t, ds_smem, ds_full, k_all, HEAD_DIM: gl.constexpr, BLOCK_M: gl.con
     is the matmul's N and can be 16 or 32 rows where wgmma's M is 64."""
     p = t % 2
     mbarrier.wait(ds_full.index(p), (t // 2) & 1)
-    if TRANSPOSED:
-        zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout)
-        dq_tok = warpgroup_mma(k_all.index(0).permute((1, 0)), ds_smem.index(p * CONSUMERS), zero, use_acc=False,
-                               is_async=True)
-        for c in gl.static_range(1, CONSUMERS):
-            dq_tok = warpgroup_mma(k_all.index(c).permute((1, 0)), ds_smem.index(p * CONSUMERS + c), dq_tok,
-                                   is_async=True)
-    else:
-        zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-        dq_tok = warpgroup_mma(ds_smem.index(p * CONSUMERS).permute((1, 0)), k_all.index(0), zero, use_acc=False,
-                               is_async=True)
-        for c in gl.static_range(1, CONSUMERS):
-            dq_tok = warpgroup_mma(ds_smem.index(p * CONSUMERS + c).permute((1, 0)), k_all.index(c), dq_tok,
-                                   is_async=True)
+    a, b = _dq_operands(ds_smem.index(p * CONSUMERS), k_all.index(0), TRANSPOSED)
+    zero = gl.zeros([gl.constexpr(a.shape[0]), gl.constexpr(b.shape[1])], gl.float32, dq_layout)
+    dq_tok = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+    for c in gl.static_range(1, CONSUMERS):
+        a, b = _dq_operands(ds_smem.index(p * CONSUMERS + c), k_all.index(c), TRANSPOSED)
+        dq_tok = warpgroup_mma(a, b, dq_tok, is_async=True)
     return dq_tok
+
+
+@gluon.jit
+def _dq_operands(ds_t, k_t, TRANSPOSED: gl.constexpr):
+    """One consumer's (A, B) in _turn_dq's matmul, both in shared memory: dS K with dS^T read transposed,
+    (BLOCK_M, WG_KEYS) x (WG_KEYS, HEAD_DIM); or TRANSPOSED, dQ^T = K^T dS^T, (HEAD_DIM, WG_KEYS) x
+    (WG_KEYS, BLOCK_M)."""
+    if TRANSPOSED:
+        a = k_t.permute((1, 0))
+        b = ds_t
+    else:
+        a = ds_t.permute((1, 0))
+        b = k_t
+    return a, b
 
 
 @gluon.jit
@@ -325,7 +330,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             # DQ_MODE 3 makes one a consumer (DQ_MODE 5: dQ^T, the query tile as the matmul's N)
             _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH, CONSUMERS)
             if t % CONSUMERS == WHICH:
-                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, HEAD_DIM, BLOCK_M, dq_layout, CONSUMERS, DQ_MODE == 5)
+                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
                 mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read
                 _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5)
@@ -585,7 +590,7 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
                       CONSUMERS)
             if BLOCK_M < _WG_KEYS and t % CONSUMERS == WHICH:
                 mbarrier.wait(kv_bar, 0)  # every consumer's K
-                dq_tok = _turn_dq(t, ds_mine, ds_full, k_smem, HEAD_DIM, BLOCK_M, dq_layout, CONSUMERS, DQ_MODE == 5)
+                dq_tok = _turn_dq(t, ds_mine, ds_full, k_smem, dq_layout, CONSUMERS, DQ_MODE == 5)
                 dq_t = warpgroup_mma_wait(0, deps=[dq_tok])
                 mbarrier.arrive(ds_free.index(t % 2), count=1)
                 _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5)
