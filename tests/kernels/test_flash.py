@@ -967,25 +967,31 @@ def test_gpu_rotated_query_tiles_give_the_split_backwards_gradients(shape, shape
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("shape", "shape_k"), [((1, 3, 777, 64), None), ((2, 2, 1000, 64), None),
-                                                ((1, 3, 777, 64), (1, 3, 1000, 64)),  # keys past the last query
-                                                ((2, 2, 1000, 64), (2, 2, 333, 64))])  # queries past the last key
-def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape, shape_k):
+@pytest.mark.parametrize(("shape", "shape_k", "causal"), [
+    ((1, 3, 777, 64), None, True), ((2, 2, 1000, 64), None, True),
+    ((1, 3, 777, 64), (1, 3, 1000, 64), True),  # keys past the last query
+    ((2, 2, 1000, 64), (2, 2, 333, 64), True),  # queries past the last key
+    ((2, 2, 1000, 64), None, False), ((1, 3, 777, 64), (1, 3, 1000, 64), False)])
+def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape, shape_k, causal,
+                                                                                  monkeypatch):
     # flash_triton's backward with the fused Gluon kernel (fused_min_seq=0 takes it at any length; d=64
-    # causal is where it ships): every row of dQ, dK, dV within rounding of the split backward's, a
-    # plan made, and the planned call the same again (dQ up to the order of its fp32 adds). With more
-    # keys than queries, the causal key tiles no query sees must come out zero, as the split's do
+    # causal is where it ships, and non-causal calls get the same config here): every row of dQ, dK, dV
+    # within rounding of the split backward's, a plan made, and the planned call the same again (dQ up to
+    # the order of its fp32 adds). With more keys than queries, the causal key tiles no query sees must
+    # come out zero, as the split's do
+    import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
 
+    monkeypatch.setitem(gb.SHIPPED_FUSED, (64, causal), gb.SHIPPED_FUSED[(64, True)])
     q, k, v, do = _sm90_inputs(shape, seed=11, shape_k=shape_k)
-    o, lse = flash_attention_forward(q, k, v, True)
-    want = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=ft.LaunchOptions(gluon_fused=False))
+    o, lse = flash_attention_forward(q, k, v, causal)
+    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_fused=False))
     fused = ft.LaunchOptions(fused_min_seq=0)
     ft.clear_launch_plans()
-    first = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=fused)
+    first = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=fused)
     plan = next(p for key, p in ft._PLANS.items() if key[0] == "bwd")
     assert len(plan.kernels) == 1 and isinstance(plan.kernels[0], ft._KernelPlan)  # the one fused kernel
-    again = ft.flash_attention_backward(q, k, v, o, lse, do, True, options=fused)
+    again = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=fused)
     for name, a, b, c in zip(("dq", "dk", "dv"), first, again, want, strict=True):
         assert torch.isfinite(a).all(), name
         assert (a.float() - c.float()).abs().amax(dim=-1).max().item() < 1e-2, name
