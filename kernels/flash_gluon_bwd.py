@@ -296,7 +296,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     start_m = _tile_row(t, lo, shift, n_iter, BLOCK_M, ROTATE)
     if ROTATE:  # the next tile's first row, whose row stats this step prefetches
         next_m = _tile_row(t + 1, lo, shift, n_iter, BLOCK_M, ROTATE)
-    else:
+    else:  # the same row; written so, the shipped kernels compile to the SASS they had before ROTATE
         next_m = start_m + BLOCK_M
     q_t = q_smem.index(slot)
     do_t = do_smem.index(slot)
@@ -1191,13 +1191,19 @@ def _fused_prep_kernel(O, DO, Delta, DQ_ACC, stride_oz, stride_oh, stride_om, st
         tl.store(DQ_ACC + acc_rows + offs_d[None, :], tl.zeros([ROWS, HEAD_DIM], tl.float32), mask=row_ok[:, None])
 
 
+def _dq_t_shape(x: torch.Tensor) -> tuple[int, int, int]:
+    """The transposed ("turns-t") dQ accumulator's shape for queries shaped like x: (Z*H, d, n_q rounded up
+    to 4), each row 16-byte aligned for the copy engine (the kernel's q_cols)."""
+    Z, H, n_q, d = ft._as_zhnd(x).shape
+    return Z * H, d, triton.cdiv(n_q, 4) * 4
+
+
 def dq_accumulator(q: torch.Tensor, dq_mode: str) -> torch.Tensor:
     """The fp32 dQ accumulator for the fused kernel adding dQ as dq_mode says: q's shape, contiguous, left
-    for fused_prep to zero; or with "turns-t" dQ^T, (Z*H, d, n_q rounded up to 4), zeroed here by torch."""
+    for fused_prep to zero; or with "turns-t" dQ^T (_dq_t_shape), zeroed here by torch."""
     if dq_mode != "turns-t":
         return torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    Z, H, n_q, d = ft._as_zhnd(q).shape
-    return torch.zeros((Z * H, d, triton.cdiv(n_q, 4) * 4), dtype=torch.float32, device=q.device)
+    return torch.zeros(_dq_t_shape(q), dtype=torch.float32, device=q.device)
 
 
 @triton.jit
@@ -1242,7 +1248,7 @@ def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = Non
     if acc is None:
         acc = torch.empty(o.shape, dtype=torch.float32, device=o.device)
     # dq_accumulator's "turns-t" one, zeroed already (where it has out's shape, zeroing it again is harmless)
-    transposed = acc.shape != o.shape and acc.shape == (Z * H, d, triton.cdiv(n_q, 4) * 4)
+    transposed = acc.shape != o.shape and acc.shape == _dq_t_shape(o)
     if not transposed and (acc.shape != o.shape or acc.dtype != torch.float32 or not acc.is_contiguous()):
         raise ValueError(f"acc {tuple(acc.shape)} {acc.dtype}: want a contiguous fp32 tensor of out's shape "
                          f"{tuple(o.shape)}, or a zeroed transposed one (dq_accumulator)")
