@@ -191,9 +191,15 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                     q, k, v, o, lse, do, causal, cfg, dkdv_cfgs[0])
     if fused_configs:  # the fused kernel alone writes here (acc's sums unchecked), its accumulator by mode
         q4, k4, v4, do4 = (flash_triton._as_zhnd(t) for t in (q, k, v, do))
-        accs = {m: gb.dq_accumulator(q, m).zero_() for m in ("add", "turns-t")}
-        tensors = {m: (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape), acc)
-                   for m, acc in accs.items()}
+        kernel_tensors = {}  # the kernel's arguments, one set per accumulator layout dq_accumulator gives
+
+        def tensors_for(mode):
+            acc = gb.dq_accumulator(q, mode)
+            key = (tuple(acc.shape), acc.stride())
+            if key not in kernel_tensors:
+                kernel_tensors[key] = (q4, k4, v4, do4, lse, delta, nan(k).view(k4.shape), nan(v).view(v4.shape),
+                                       acc.zero_())
+            return kernel_tensors[key]
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
         # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers; turns-t: two
@@ -208,13 +214,14 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
                     q, k, v, o, lse, do, causal, cfg, dq_mode=m, rotate=r), strict=True))):
                 calls[name] = lambda cfg=cfg, m=mode, r=rot: gb.fused_backward(q, k, v, o, lse, do, causal, cfg,
                                                                                dq_mode=m, rotate=r)
+                kernel_args = tensors_for(mode)
                 calls[name.replace("fused_", "fused_kernel_", 1)] = (
-                    lambda cfg=cfg, t=tensors["turns-t" if mode == "turns-t" else "add"], g=group, m=mode, r=rot:
-                    gb.launch("fused", t, causal, cfg, g, m, r))
+                    lambda cfg=cfg, t=kernel_args, g=group, m=mode, r=rot: gb.launch("fused", t, causal, cfg, g, m, r))
         if gb.config_error("fused", q.shape[-1], cfg, dq_mode="probe") is None:  # (the red kernel: 64 queries)
+            kernel_args = tensors_for("probe")
             for rot in rotations:
                 calls[f"fused_probe_{config_name(cfg)}" + ("_rot" if rot else "")] = (
-                    lambda cfg=cfg, t=tensors["add"], g=group, r=rot: gb.launch("fused", t, causal, cfg, g, "probe", r))
+                    lambda cfg=cfg, t=kernel_args, g=group, r=rot: gb.launch("fused", t, causal, cfg, g, "probe", r))
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
         ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))
