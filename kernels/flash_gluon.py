@@ -350,6 +350,10 @@ def _fwd_kernel(Q, K, V, O, L,
 # whole warpgroup's. The consumers never wait for each other (unless PINGPONG), so one's softmax can
 # run while the other's matmuls do.
 WG_ROWS = 64  # query rows a consumer warpgroup owns: one wgmma's M
+# The warp-specialised kernel is one program an SM whatever its tiles, so it may take nearly all of the
+# 227 KiB a block can have (Q and three 128-key K/V slots at d=128: 224 KiB); 1 KiB is left for the
+# mbarriers. The other kernels keep flash_triton's SMEM_BUDGET.
+WS_SMEM_BUDGET = 226 * 1024
 
 
 @gluon.jit
@@ -506,8 +510,9 @@ def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_war
     if stages < 2:
         return f"stages {stages}: at least 2 (a slot is refilled only after its tile is used)"
     smem = (block_m + 2 * stages * block_n) * head_dim * elem
-    if smem > ft.SMEM_BUDGET:
-        return f"{smem} bytes of shared memory for Q and {stages} K/V slots, over {ft.SMEM_BUDGET}"
+    budget = WS_SMEM_BUDGET if warp_specialized else ft.SMEM_BUDGET
+    if smem > budget:
+        return f"{smem} bytes of shared memory for Q and {stages} K/V slots, over {budget}"
     return None
 
 
@@ -527,10 +532,12 @@ def supported(*tensors: torch.Tensor, what: str = "the Gluon forward", names: st
 
 
 # registers a thread: with two consumers the block has 12 warps (the producer's warpgroup counted whole),
-# so 168 each fills the register file (12 x 32 x 168 = 64,512 of 65,536); the producer needs 24, and
-# the consumers take the rest. One consumer: 128, so two programs fit on an SM.
+# so 168 each fills the register file (12 x 32 x 168 = 64,512 of 65,536); the producer gives back all
+# but 24 and the consumers take the rest, 240 as in FA-3 (2 x 128 x 240 + 128 x 24 = 64,512). At 232
+# the 128-key consumer at d=128 spilled 24 B a thread; at 240 it holds S, P and O with none
+# (flash_sass --gluon 128,128,2,4,ws --head-dim 128). One consumer: 128, so two programs fit on an SM.
 WS_MAXNREG = {1: 128, 2: 168}
-WS_CONSUMER_REGS = 232
+WS_CONSUMER_REGS = 240
 
 
 def _check_mode(mode: str) -> None:

@@ -27,8 +27,9 @@ def test_bad_configs_are_named(cfg, named):
     assert why is not None and named in why
 
 
-@pytest.mark.parametrize("cfg", [(128, 128, 2, 4), (128, 64, 4, 4), (64, 64, 3, 4)])
+@pytest.mark.parametrize("cfg", [(128, 128, 2, 4), (128, 64, 4, 4), (64, 64, 3, 4), (128, 128, 3, 4)])
 def test_warp_specialised_configs_are_one_or_two_warpgroups_of_64_rows(cfg):
+    # (128, 128, 3, 4): 224 KiB, over the budget of the kernels that share an SM, within WS_SMEM_BUDGET
     assert flash_gluon.config_error(128, *cfg, warp_specialized=True) is None
 
 
@@ -36,7 +37,7 @@ def test_warp_specialised_configs_are_one_or_two_warpgroups_of_64_rows(cfg):
     ((128, 128, 2, 8), "8 warps"),       # each consumer is one warpgroup of 4 warps
     ((192, 64, 2, 4), "192 rows"),       # three consumers: the empty barriers count two at most
     ((64, 128, 2, 4), "block_n 128"),    # the causal diagonal: block_n must divide the rows
-    ((128, 128, 3, 4), "229376 bytes"),  # Q and three 128-key slots at d=128
+    ((128, 128, 4, 4), "294912 bytes"),  # Q and four 128-key slots at d=128: over the 227 KiB a block has
 ])
 def test_bad_warp_specialised_configs_are_named(cfg, named):
     why = flash_gluon.config_error(128, *cfg, warp_specialized=True)
