@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.names import GLUON_MODES, GLUON_RS_SUFFIX
+from kernels.names import GLUON_KV_SUFFIX, GLUON_MODES, GLUON_RS_SUFFIX
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -184,10 +184,12 @@ def _first_tile(q_tile, k_tile, first_row, n_k, hi_unmasked, qk_scale, turn_bars
 @gluon.jit
 def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
                      turn_bars, rnd, IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                     s_layout: gl.constexpr, o_layout: gl.constexpr, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, WHICH: gl.constexpr, PINGPONG: gl.constexpr,
+                     k_free=None, RELEASE_K: gl.constexpr = False):
     """Key tile t of the overlapped loop (k_tile = K(t), v_prev = V(t-1), p = P(t-1)): issue S(t) and
     P(t-1) V(t-1), wait for S(t) alone, run its softmax while the P V finishes, then wait for the P V
-    and rescale. Returns (P(t), O, m, l)."""
+    and rescale. RELEASE_K: arrive at k_free as soon as S(t) is done, so K(t)'s slot refills while the
+    softmax runs. Returns (P(t), O, m, l)."""
     p_op = gl.convert_layout(p.to(q_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     _my_turn(turn_bars, rnd, WHICH, PINGPONG)
     s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
@@ -195,6 +197,8 @@ def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_ro
     o_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
     _their_turn(turn_bars, WHICH, PINGPONG)
     s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
+    if RELEASE_K:
+        mbarrier.arrive(k_free, count=1)
     p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
                                          IS_CAUSAL, ROWS, BLOCK_N, s_layout)
     acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
@@ -358,14 +362,56 @@ WS_SMEM_BUDGET = 226 * 1024
 
 @gluon.jit
 def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m, n_iter,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT_KV: gl.constexpr):
     """The producer: each consumer's Q rows once, then K and V tile by tile, each into its slot once every
     consumer has released the slot's previous tile (a fresh mbarrier counts its phase "-1" as complete)."""
     rows: gl.constexpr = q_desc.block_type.shape[0]
     mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(q_desc, [start_m + c * rows, 0], q_bar, q_smem.index(c))
-    _ws_stream(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, 0, n_iter, BLOCK_N, STAGES)
+    if SPLIT_KV:
+        _ws_stream_kv(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, n_iter, BLOCK_N, STAGES)
+    else:
+        _ws_stream(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, 0, n_iter, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _kv_bar(bars, slot, IS_V: gl.constexpr, STAGES: gl.constexpr, SPLIT_KV: gl.constexpr):
+    """The mbarrier of a slot's K tile (IS_V False) or V tile: one for both, or with SPLIT_KV the V
+    tiles' barriers after the STAGES of the K tiles'."""
+    if SPLIT_KV and IS_V:
+        return bars.index(STAGES + slot)
+    else:
+        return bars.index(slot)
+
+
+@gluon.jit
+def _ws_put(desc, row, smem, ready, empty, t, STAGES: gl.constexpr):
+    """Tile t of a stream (rows [row, + its block)) into its slot `smem` once the consumers have released
+    the slot's previous tile (`empty`; a fresh mbarrier counts its phase "-1" as complete); the copy
+    engine completes `ready`."""
+    mbarrier.wait(empty, ((t // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [row, 0], ready, smem)
+
+
+@gluon.jit
+def _ws_stream_kv(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, n_iter, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """The forward's producer with K and V slots of their own (SPLIT_KV, FA-3's two pipelines): K(t),
+    then V(t-1), in the order the overlapped loop uses them. A K slot is free once its scores are done, a
+    V slot once its P V is, so each refills about a step sooner than a slot holding both."""
+    for t in range(n_iter):
+        slot = t % STAGES
+        _ws_put(k_desc, t * BLOCK_N, k_smem.index(slot), _kv_bar(ready_bars, slot, False, STAGES, True),
+                _kv_bar(empty_bars, slot, False, STAGES, True), t, STAGES)
+        if t > 0:
+            prev = (t - 1) % STAGES
+            _ws_put(v_desc, (t - 1) * BLOCK_N, v_smem.index(prev), _kv_bar(ready_bars, prev, True, STAGES, True),
+                    _kv_bar(empty_bars, prev, True, STAGES, True), t - 1, STAGES)
+    last = (n_iter - 1) % STAGES
+    _ws_put(v_desc, (n_iter - 1) * BLOCK_N, v_smem.index(last), _kv_bar(ready_bars, last, True, STAGES, True),
+            _kv_bar(empty_bars, last, True, STAGES, True), n_iter - 1, STAGES)
 
 
 @gluon.jit
@@ -397,10 +443,12 @@ def _ws_stream(a_desc, b_desc, a_smem, b_smem, ready_bars, empty_bars, first_row
 def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m, n_q, n_k,
                  n_iter, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
-                 WHICH: gl.constexpr):
+                 SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through every key tile, in
     the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
-    consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's."""
+    consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's.
+    SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s slot is released as soon as
+    S(t) is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot, released after the P V."""
     rows: gl.constexpr = q_smem.type.shape[1]
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
@@ -408,22 +456,30 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
 
     mbarrier.wait(q_bar, 0)
     q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
-    mbarrier.wait(ready_bars.index(0), 0)
+    mbarrier.wait(ready_bars.index(0), 0)  # (K(0)'s barrier either way)
     p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
                               IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
+    if SPLIT_KV:
+        mbarrier.arrive(empty_bars.index(0), count=1)
     acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
     for t in range(1, n_iter):
         prev = (t - 1) % STAGES
         mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
+        if SPLIT_KV:
+            mbarrier.wait(_kv_bar(ready_bars, prev, True, STAGES, True), ((t - 1) // STAGES) & 1)
         p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
                                             t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
-                                            IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG)
-        mbarrier.arrive(empty_bars.index(prev), count=1)  # this warpgroup is done with tile t-1's K and V
+                                            IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
+                                            empty_bars.index(t % STAGES), SPLIT_KV)
+        # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
+        mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
     last = (n_iter - 1) % STAGES
+    if SPLIT_KV:
+        mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((n_iter - 1) // STAGES) & 1)
     _my_turn(turn_bars, n_iter, WHICH, PINGPONG)
     acc = _pv(p, v_smem.index(last), acc, o_layout)
     _their_turn(turn_bars, WHICH, PINGPONG)
-    mbarrier.arrive(empty_bars.index(last), count=1)
+    mbarrier.arrive(_kv_bar(empty_bars, last, True, STAGES, SPLIT_KV), count=1)
 
     out, lse = _finish(acc, m_i, l_i, o_layout)
     offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
@@ -443,7 +499,7 @@ def _fwd_ws_kernel(Q, K, V, O, L,
                    H, n_q, n_k, qk_scale,
                    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                   PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
+                   PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, SPLIT_KV: gl.constexpr):
     pid_m, pid_zh, z, h = _program_tile(H, IS_CAUSAL)
     rows: gl.constexpr = 64  # WG_ROWS
     BLOCK_M: gl.constexpr = CONSUMERS * rows
@@ -458,13 +514,14 @@ def _fwd_ws_kernel(Q, K, V, O, L,
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    n_bars: gl.constexpr = 2 * STAGES if SPLIT_KV else STAGES  # (_kv_bar)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [n_bars, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [n_bars, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     mbarrier.init(turn_bars.index(0), count=1)
     mbarrier.init(turn_bars.index(1), count=1)
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(n_bars):
         mbarrier.init(ready_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
 
@@ -478,19 +535,19 @@ def _fwd_ws_kernel(Q, K, V, O, L,
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                            STAGES, PINGPONG, Q_REGS, 0)),
+                            STAGES, PINGPONG, Q_REGS, SPLIT_KV, 0)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                            STAGES, PINGPONG, Q_REGS, 1)),
+                            STAGES, PINGPONG, Q_REGS, SPLIT_KV, 1)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
-                          n_iter, BLOCK_N, STAGES, CONSUMERS))], [4, 1], [CONSUMER_REGS, 24])
+                          n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                            STAGES, PINGPONG, Q_REGS, 0)),
+                            STAGES, PINGPONG, Q_REGS, SPLIT_KV, 0)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
-                          n_iter, BLOCK_N, STAGES, CONSUMERS))], [1], [24])
+                          n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [1], [24])
 
 
 def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2,
@@ -552,10 +609,13 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     "overlap" is FA-3's order in each warpgroup of the program, "plain" each tile's S, softmax and P V
     in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
     warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls. Each with the
-    "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand)."""
+    "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand); "ws-kv" and
+    "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv)."""
     _check_mode(mode)
     q_regs = mode.endswith(GLUON_RS_SUFFIX)
     mode = mode.removesuffix(GLUON_RS_SUFFIX)
+    split_kv = mode.endswith(GLUON_KV_SUFFIX)
+    mode = mode.removesuffix(GLUON_KV_SUFFIX)
     warp_specialized = mode in ("ws", "pingpong")
     why = config_error(head_dim, block_m, block_n, stages, num_warps, warp_specialized=warp_specialized)
     if not why and mode == "pingpong" and block_m != 2 * WG_ROWS:
@@ -566,7 +626,7 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
         consumers = block_m // WG_ROWS
         return (_fwd_ws_kernel,
                 dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS,
-                     PINGPONG=mode == "pingpong", Q_REGS=q_regs),
+                     PINGPONG=mode == "pingpong", Q_REGS=q_regs, SPLIT_KV=split_kv),
                 {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     return (_fwd_kernel,
             dict(BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=num_warps, OVERLAP=mode == "overlap",

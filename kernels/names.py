@@ -20,8 +20,12 @@ GLUON_RS_SUFFIX = "-rs"
 # "plain-rs" is left out: compiled (Triton 3.6 and 3.7.1, sm_90), its P V matmul at d=64 took P in the
 # registers that still held Q for the next tile's scores, and the outputs were wrong
 # (docs/results/h100/forward_rs/README.md)
+# the warp-specialised modes' suffix for "K and V tiles each with barriers of their own" (FA-3's two
+# pipelines), so a K slot refills once its scores are done
+GLUON_KV_SUFFIX = "-kv"
 GLUON_MODES = ("overlap", "plain", "ws", "pingpong",
-               *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")))
+               *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")),
+               *(m + GLUON_KV_SUFFIX for m in ("ws", "pingpong")))
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 

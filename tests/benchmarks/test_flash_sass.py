@@ -102,6 +102,18 @@ def test_the_warp_specialised_forward_has_a_loop_per_consumer_and_a_producer_wit
         assert loop[:3] == ["dot:s_tok", "dot:o_tok", "wait:1"], loop
 
 
+def test_the_kv_mode_keeps_the_consumer_loops_and_adds_a_barrier_pair_a_slot(tmp_path):
+    reports = {}
+    for mode in ("ws", "ws-kv"):
+        r = _run("--gluon", f"128,128,2,4,{mode}", "--head-dim", "128", "--out", str(tmp_path))
+        assert r.returncode == 0, r.stderr[-3000:]
+        reports[mode] = json.loads((tmp_path / f"gluon_fwd_128_128_2_4_{mode}_d128.json").read_text())
+    assert reports["ws-kv"]["loops"][:2] == reports["ws"]["loops"][:2]  # the two consumers' overlapped steps
+    assert reports["ws-kv"]["stack_bytes"] == 0
+    # V's ready and empty mbarriers (8 B each) for each of the 2 slots, beside K's
+    assert reports["ws-kv"]["shared_bytes"] - reports["ws"]["shared_bytes"] == 2 * 2 * 8
+
+
 def test_a_gluon_config_the_kernel_cannot_run_is_named(tmp_path):
     r = _run("--gluon", "64,128,3,4", "--head-dim", "128", "--out", str(tmp_path / "a"))
     assert r.returncode == 2 and "block_n 128" in r.stderr

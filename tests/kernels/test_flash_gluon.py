@@ -80,6 +80,18 @@ def test_each_mode_with_q_in_registers_is_the_same_kernel_with_q_regs_set(cfg, m
         flash_gluon.launch_spec(128, 64, 64, 3, 4, "pingpong-rs")
 
 
+@pytest.mark.parametrize("mode", ["ws", "pingpong"])
+def test_the_kv_modes_are_the_warp_specialised_kernel_with_split_kv_set_and_only_those(mode):
+    kernel, config, options = flash_gluon.launch_spec(128, 128, 128, 2, 4, mode)
+    kv_kernel, kv_config, kv_options = flash_gluon.launch_spec(128, 128, 128, 2, 4, mode + "-kv")
+    assert kv_kernel is kernel and kv_options == options
+    assert config.pop("SPLIT_KV") is False and kv_config.pop("SPLIT_KV") is True
+    assert kv_config == config
+    for other in ("overlap-kv", "plain-kv", "ws-rs-kv"):  # one K/V barrier a slot is all those kernels have
+        with pytest.raises(ValueError, match=f"mode '{other}'"):
+            flash_gluon.launch_spec(128, 64, 64, 3, 4, other)
+
+
 def test_the_scale_is_log2e_over_sqrt_d():
     assert flash_gluon.qk_scale(64) == pytest.approx(1.4426950408889634 / 8)
 
