@@ -21,8 +21,9 @@ mbarrier the copy engine signals. Two kernels run that loop:
                   the program has two warpgroups, which both read every tile); OVERLAP=False runs the
                   plain order instead (S, softmax, P V, each matmul waited for at once)
   _fwd_ws_kernel  warp-specialised as FA-3 is: a producer warp issues every copy, one or two consumer
-                  warpgroups run the loop on their own and release slots through mbarriers, and
-                  PINGPONG makes the two take turns to issue their matmuls
+                  warpgroups (240 registers each) run the loop on their own and release slots through
+                  mbarriers, PINGPONG makes the two take turns to issue their matmuls, and SPLIT_KV
+                  gives K and V slots barriers of their own, so K(t)'s slot refills once S(t) is done
 
 Measured on the H200 in turns with the Triton forward (docs/results/h200/flash_gluon/README.md): within
 about 10 % of it at d=128, slower at d=64, and short of cuDNN, so no launcher calls these forwards.
