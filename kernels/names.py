@@ -21,11 +21,11 @@ GLUON_RS_SUFFIX = "-rs"
 # registers that still held Q for the next tile's scores, and the outputs were wrong
 # (docs/results/h100/forward_rs/README.md)
 # the warp-specialised modes' suffix for "K and V tiles each with barriers of their own" (FA-3's two
-# pipelines), so a K slot refills once its scores are done
+# pipelines), so a K slot refills once its scores are done; "-rs" may follow it ("ws-kv-rs")
 GLUON_KV_SUFFIX = "-kv"
 GLUON_MODES = ("overlap", "plain", "ws", "pingpong",
                *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")),
-               *(m + GLUON_KV_SUFFIX for m in ("ws", "pingpong")))
+               *(m + GLUON_KV_SUFFIX + s for m in ("ws", "pingpong") for s in ("", GLUON_RS_SUFFIX)))
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 

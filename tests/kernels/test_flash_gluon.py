@@ -87,6 +87,8 @@ def test_the_kv_modes_are_the_warp_specialised_kernel_with_split_kv_set_and_only
     assert kv_kernel is kernel and kv_options == options
     assert config.pop("SPLIT_KV") is False and kv_config.pop("SPLIT_KV") is True
     assert kv_config == config
+    rs_config = flash_gluon.launch_spec(128, 128, 64, 3, 4, mode + "-kv-rs")[1]
+    assert rs_config["SPLIT_KV"] is True and rs_config["Q_REGS"] is True
     for other in ("overlap-kv", "plain-kv", "ws-rs-kv"):  # one K/V barrier a slot is all those kernels have
         with pytest.raises(ValueError, match=f"mode '{other}'"):
             flash_gluon.launch_spec(128, 64, 64, 3, 4, other)
