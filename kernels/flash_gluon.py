@@ -402,17 +402,15 @@ def _ws_stream_kv(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, n_iter
     """The forward's producer with K and V slots of their own (SPLIT_KV, FA-3's two pipelines): K(t),
     then V(t-1), in the order the overlapped loop uses them. A K slot is free once its scores are done, a
     V slot once its P V is, so each refills about a step sooner than a slot holding both."""
-    for t in range(n_iter):
-        slot = t % STAGES
-        _ws_put(k_desc, t * BLOCK_N, k_smem.index(slot), _kv_bar(ready_bars, slot, False, STAGES, True),
-                _kv_bar(empty_bars, slot, False, STAGES, True), t, STAGES)
+    for t in range(n_iter + 1):  # (one more turn for the last V)
+        if t < n_iter:
+            slot = t % STAGES
+            _ws_put(k_desc, t * BLOCK_N, k_smem.index(slot), _kv_bar(ready_bars, slot, False, STAGES, True),
+                    _kv_bar(empty_bars, slot, False, STAGES, True), t, STAGES)
         if t > 0:
             prev = (t - 1) % STAGES
             _ws_put(v_desc, (t - 1) * BLOCK_N, v_smem.index(prev), _kv_bar(ready_bars, prev, True, STAGES, True),
                     _kv_bar(empty_bars, prev, True, STAGES, True), t - 1, STAGES)
-    last = (n_iter - 1) % STAGES
-    _ws_put(v_desc, (n_iter - 1) * BLOCK_N, v_smem.index(last), _kv_bar(ready_bars, last, True, STAGES, True),
-            _kv_bar(empty_bars, last, True, STAGES, True), n_iter - 1, STAGES)
 
 
 @gluon.jit

@@ -16,13 +16,14 @@ FLASH_KERNELS = ("fwd", "dkdv", "dq")
 # the Gluon kernels' suffix for "the score matmul's resident operand in registers" (Q in the forward,
 # K and V in dK/dV, Q and dO in dQ): a wgmma then reads only B from shared memory
 GLUON_RS_SUFFIX = "-rs"
-# the Gluon forward's modes (kernels.flash_gluon), the default first, then those with Q in registers.
-# "plain-rs" is left out: compiled (Triton 3.6 and 3.7.1, sm_90), its P V matmul at d=64 took P in the
-# registers that still held Q for the next tile's scores, and the outputs were wrong
-# (docs/results/h100/forward_rs/README.md)
 # the warp-specialised modes' suffix for "K and V tiles each with barriers of their own" (FA-3's two
 # pipelines), so a K slot refills once its scores are done; "-rs" may follow it ("ws-kv-rs")
 GLUON_KV_SUFFIX = "-kv"
+# the Gluon forward's modes (kernels.flash_gluon), the default first, then those with Q in registers,
+# then the warp-specialised ones with K/V barriers of their own.
+# "plain-rs" is left out: compiled (Triton 3.6 and 3.7.1, sm_90), its P V matmul at d=64 took P in the
+# registers that still held Q for the next tile's scores, and the outputs were wrong
+# (docs/results/h100/forward_rs/README.md)
 GLUON_MODES = ("overlap", "plain", "ws", "pingpong",
                *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")),
                *(m + GLUON_KV_SUFFIX + s for m in ("ws", "pingpong") for s in ("", GLUON_RS_SUFFIX)))
