@@ -21,8 +21,9 @@ for that long a round, the median round counting (flash_ab's sustained mode):
   fused_<cfg>[_<mode>]      the fused backward (--fused-config): Delta and the zeroed accumulator by one Triton
                             kernel, one Gluon kernel adding dQ by atomics (atom, or with _red red; order ws also
                             _tma, one bulk reduction a tile by the copy engine, and _turns, the same for the two
-                            consumers' keys together, one consumer a tile in turns, and _turns-t, that as
-                            dQ^T for two or three consumers at any block_m), dQ cast;
+                            consumers' keys together, one consumer a tile in turns, _turns-t, that as
+                            dQ^T for two or three consumers at any block_m, and _halves, each of two consumers
+                            its half of the columns every tile), dQ cast;
                             fused_kernel_<cfg>[_<mode>] its kernel alone, and fused_probe_<cfg> the red kernel
                             adding no row (what the adds' traffic costs; 64-query configs); --dq-mode picks
                             the modes; with --rotate each ws one also with a _rot suffix: the kernel's
@@ -55,7 +56,7 @@ CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
 DQ_CONFIGS = [(64, 64, 2, 4, "overlap", None)]
 # kernels.flash_gluon_bwd.DQ_MODES less "probe", which is timed beside them (the kernels are imported only
 # once a GPU is in use)
-FUSED_DQ_MODES = ("add", "red", "tma", "turns", "turns-t")
+FUSED_DQ_MODES = ("add", "red", "tma", "turns", "turns-t", "halves")
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, str, int | None]:
@@ -202,8 +203,8 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
             return kernel_tensors[key]
         group = flash_triton._head_group(causal, q4.shape[0] * q4.shape[1], None)
     for cfg in (gb.Config(*c) for c in fused_configs):
-        # the modes this config takes (tma and turns: the ws kernel's only; turns: two consumers; turns-t: two
-        # or three, any block_m); add and red are always tried, so a config that cannot run at all is
+        # the modes this config takes (tma, turns, halves: the ws kernel's only; turns, halves: two consumers;
+        # turns-t: two or three, any block_m); add and red are always tried, so a config that cannot run at all is
         # recorded as failed
         modes = [m for m in args.dq_mode or FUSED_DQ_MODES
                  if gb.config_error("fused", q.shape[-1], cfg, dq_mode=m) is None or m in ("add", "red")]

@@ -176,12 +176,13 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = False):
+def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = False, COL: gl.constexpr = 0):
     """DQ_MODE 3: the tile's dQ share into this warpgroup's staging tile in shared memory, then one bulk
     reduction of it into the accumulator's rows [start_m, + BLOCK_M) (rows past the descriptor's are
     clipped), issued by an elected thread per 128-byte column box, where the other modes have every
     thread add its elements. TRANSPOSED (DQ_MODE 5): the tile is dQ^T, (HEAD_DIM, BLOCK_M), added into
-    columns [start_m, + BLOCK_M) of the (HEAD_DIM, n_q) accumulator. The
+    columns [start_m, + BLOCK_M) of the (HEAD_DIM, n_q) accumulator. COL (DQ_MODE 6): the tile is columns
+    [COL, + its width) of those rows. The
     previous tile's reduction has to have read the staging tile first (store_wait, then the barrier)."""
     tma.store_wait(0)
     _block_barrier()
@@ -191,15 +192,16 @@ def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = Fal
     if TRANSPOSED:
         _tma_reduce_add(dq_desc, [0, start_m], dq_stage)
     else:
-        _tma_reduce_add(dq_desc, [start_m, 0], dq_stage)
+        _tma_reduce_add(dq_desc, [start_m, COL], dq_stage)
 
 
 @gluon.jit
 def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr, CONSUMERS: gl.constexpr = 2):
-    """DQ_MODE 4 and 5: consumer WHICH's dS^T of query tile t into its slot of the tile's parity p (slot
-    p * CONSUMERS + WHICH of ds_smem), where the consumer that adds tile t's dQ reads it; ds_full[p]
-    counts every consumer's write. The slot was last read by tile t-2's dQ matmul, so that one has to be
-    done first (ds_free[p], arrived once per tile of parity p: tile t-2 was its (t//2 - 1)-th completion)."""
+    """DQ_MODE 4 to 6: consumer WHICH's dS^T of query tile t into its slot of the tile's parity p (slot
+    p * CONSUMERS + WHICH of ds_smem), where the consumers that add tile t's dQ read it; ds_full[p]
+    counts every consumer's write. The slot was last read by tile t-2's dQ matmuls, so those have to be
+    done first (ds_free[p], which completes once per tile of parity p when every reader has arrived (one in
+    modes 4 and 5, each consumer in 6): tile t-2 was its (t//2 - 1)-th completion)."""
     p = t % 2
     mbarrier.wait(ds_free.index(p), (t // 2 + 1) & 1, pred=t >= 2)
     ds_smem.index(p * CONSUMERS + WHICH).store(ds)
@@ -209,34 +211,39 @@ def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr, CONSUMERS: 
 
 
 @gluon.jit
-def _turn_dq(t, ds_smem, ds_full, k_all, dq_layout: gl.constexpr, CONSUMERS: gl.constexpr, TRANSPOSED: gl.constexpr):
+def _turn_dq(t, ds_smem, ds_full, k_all, dq_layout: gl.constexpr, CONSUMERS: gl.constexpr, TRANSPOSED: gl.constexpr,
+             COL: gl.constexpr = 0, COLS: gl.constexpr = 0):
     """DQ_MODE 4 and 5, on the tiles that are this consumer's turn: once every consumer's dS^T of tile t
     is shared (ds_full), issue the program's whole share of its dQ over all CONSUMERS x WG_KEYS keys
     (async; the caller waits, then arrives on ds_free). DQ_MODE 4: dQ = sum_c dS_c K_c, (BLOCK_M,
     HEAD_DIM). DQ_MODE 5 (TRANSPOSED): dQ^T = sum_c K_c^T dS_c^T, (HEAD_DIM, BLOCK_M), so the query tile
-    is the matmul's N and can be 16 or 32 rows where wgmma's M is 64."""
+    is the matmul's N and can be 16 or 32 rows where wgmma's M is 64. DQ_MODE 6 (COLS > 0), on every tile:
+    columns [COL, + COLS) of mode 4's dQ, from those columns of K."""
     p = t % 2
     mbarrier.wait(ds_full.index(p), (t // 2) & 1)
-    a, b = _dq_operands(ds_smem.index(p * CONSUMERS), k_all.index(0), TRANSPOSED)
+    a, b = _dq_operands(ds_smem.index(p * CONSUMERS), k_all.index(0), TRANSPOSED, COL, COLS)
     zero = gl.zeros([gl.constexpr(a.shape[0]), gl.constexpr(b.shape[1])], gl.float32, dq_layout)
     dq_tok = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
     for c in gl.static_range(1, CONSUMERS):
-        a, b = _dq_operands(ds_smem.index(p * CONSUMERS + c), k_all.index(c), TRANSPOSED)
+        a, b = _dq_operands(ds_smem.index(p * CONSUMERS + c), k_all.index(c), TRANSPOSED, COL, COLS)
         dq_tok = warpgroup_mma(a, b, dq_tok, is_async=True)
     return dq_tok
 
 
 @gluon.jit
-def _dq_operands(ds_t, k_t, TRANSPOSED: gl.constexpr):
+def _dq_operands(ds_t, k_t, TRANSPOSED: gl.constexpr, COL: gl.constexpr = 0, COLS: gl.constexpr = 0):
     """One consumer's (A, B) in _turn_dq's matmul, both in shared memory: dS K with dS^T read transposed,
-    (BLOCK_M, WG_KEYS) x (WG_KEYS, HEAD_DIM); or TRANSPOSED, dQ^T = K^T dS^T, (HEAD_DIM, WG_KEYS) x
-    (WG_KEYS, BLOCK_M)."""
+    (BLOCK_M, WG_KEYS) x (WG_KEYS, HEAD_DIM), or with COLS only K's columns [COL, + COLS); or TRANSPOSED,
+    dQ^T = K^T dS^T, (HEAD_DIM, WG_KEYS) x (WG_KEYS, BLOCK_M)."""
     if TRANSPOSED:
         a = k_t.permute((1, 0))
         b = ds_t
     else:
         a = ds_t.permute((1, 0))
-        b = k_t
+        if COLS > 0:
+            b = k_t.slice(COL, COLS, dim=1)
+        else:
+            b = k_t
     return a, b
 
 
@@ -328,12 +335,14 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         elif DQ_MODE >= 4:
             # the consumers take the tiles' dQ in turns: one (64, d) add a tile for the program's keys, where
             # DQ_MODE 3 makes one a consumer (DQ_MODE 5: dQ^T, the query tile as the matmul's N)
+            # DQ_MODE 6: every consumer every tile, each its columns of the program's dQ share
             _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH, CONSUMERS)
-            if t % CONSUMERS == WHICH:
-                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5)
+            COLS: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_MODE == 6 else 0
+            if DQ_MODE == 6 or t % CONSUMERS == WHICH:
+                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * COLS, COLS)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
-                mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read
-                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5)
+                mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read (by this one)
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5, WHICH * COLS)
             else:
                 dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
@@ -563,8 +572,11 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dq_cols: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_MODE == 6 else 0  # DQ_MODE 6: its columns of dQ
     if DQ_MODE == 5:  # dQ^T, (HEAD_DIM, BLOCK_M): the queries are its columns, as in S^T
         dq_layout: gl.constexpr = st_layout
+    elif DQ_MODE == 6:  # (BLOCK_M, dq_cols)
+        dq_layout: gl.constexpr = _mma_layout(4, dq_cols)
     else:
         dq_layout: gl.constexpr = acc_layout
     my_n = start_n + WHICH * _WG_KEYS
@@ -588,12 +600,14 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
             # consumer's turn the tile is; with fewer than WG_KEYS queries a tile (t = WHICH) can be its own
             _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), t, WHICH,
                       CONSUMERS)
-            if BLOCK_M < _WG_KEYS and t % CONSUMERS == WHICH:
+            # (DQ_MODE 6: its columns of every tile's dQ, whatever its own keys add)
+            if DQ_MODE == 6 or (BLOCK_M < _WG_KEYS and t % CONSUMERS == WHICH):
                 mbarrier.wait(kv_bar, 0)  # every consumer's K
-                dq_tok = _turn_dq(t, ds_mine, ds_full, k_smem, dq_layout, CONSUMERS, DQ_MODE == 5)
+                dq_tok = _turn_dq(t, ds_mine, ds_full, k_smem, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * dq_cols,
+                                  dq_cols)
                 dq_t = warpgroup_mma_wait(0, deps=[dq_tok])
                 mbarrier.arrive(ds_free.index(t % 2), count=1)
-                _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5)
+                _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5, WHICH * dq_cols)
     lse2, delta = _row_stats(l_base, delta_base, _tile_row(n_skip, lo, shift, n_iter, BLOCK_M, ROTATE), n_q, BLOCK_M,
                              st_layout)
     dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
@@ -637,7 +651,8 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                      DQ_MODE: gl.constexpr, ROTATE: gl.constexpr = False):
     # _fused_kernel's signature and grid, BLOCK_N = CONSUMERS * WG_KEYS keys a program; DQ_MODE 0 is the
     # warp-specialised dK/dV (_dkdv_ws_kernel), 1 or 2 also adds each consumer's share of dQ (atom, red),
-    # 3 by the copy engine, 4 the program's whole share by one consumer a tile in turns, 5 that as dQ^T.
+    # 3 by the copy engine, 4 the program's whole share by one consumer a tile in turns, 5 that as dQ^T,
+    # 6 that share by every consumer every tile, each its HEAD_DIM / CONSUMERS columns.
     # ROTATE (non-causal only): each program takes the query tiles from its diagonal's on, wrapping round
     pid_n, pid_zh, z, h = _program_tile(H, False)  # key tiles in launch order: causal key tile 0 sees the most
     start_n = pid_n * BLOCK_N
@@ -666,10 +681,11 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
                                                block_shape=[HEAD_DIM, BLOCK_M], layout=dq_smem_layout)
     elif DQ_MODE >= 3:  # the copy engine adds each consumer's dQ tile from its fp32 staging tile
         dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
-        dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
-        dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_smem_layout)
+        DQ_COLS: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_MODE == 6 else HEAD_DIM  # 6: a consumer's columns
+        dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+        dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, DQ_COLS], dq_smem_layout)
         dq_target = tma.make_tensor_descriptor(dq_base, shape=[dq_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                               block_shape=[BLOCK_M, HEAD_DIM], layout=dq_smem_layout)
+                                               block_shape=[BLOCK_M, DQ_COLS], layout=dq_smem_layout)
     else:
         dq_base = DQ_ACC + pid_zh.to(gl.int64) * n_q * HEAD_DIM
         dq_stage = gl.allocate_shared_memory(gl.float32, [1, 16, 64],
@@ -678,7 +694,8 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    # DQ_MODE 4, per tile parity: both consumers' dS^T written, and the dQ matmul that read them done
+    # DQ_MODE 4 to 6, per tile parity: every consumer's dS^T written, and the dQ matmuls that read them done
+    # (one matmul a tile in modes 4 and 5, one a consumer in 6)
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
@@ -687,7 +704,7 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
     for i in gl.static_range(2):
         mbarrier.init(ds_full.index(i), count=CONSUMERS)
-        mbarrier.init(ds_free.index(i), count=1)
+        mbarrier.init(ds_free.index(i), count=CONSUMERS if DQ_MODE == 6 else 1)
 
     if IS_CAUSAL:  # queries before start_n see none of these keys
         lo = start_n
@@ -921,12 +938,15 @@ KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp
 # (64, d) reduction a tile for 128 keys, half tma's traffic), both consumers' dS^T shared (_share_ds); "turns-t"
 # the same with every consumer in turn, as dQ^T = K^T dS^T (the query tile is the matmul's N, so it can be 16
 # or 32 rows, and three consumers fit their registers: one (d, block_m) reduction a tile for 192 keys, a third
-# of tma's traffic) into a transposed accumulator (dq_accumulator)
-DQ_MODES = ("add", "red", "probe", "tma", "turns", "turns-t")
+# of tma's traffic) into a transposed accumulator (dq_accumulator); "halves" (two consumers) the program's share
+# as "turns" adds it, but every tile by both consumers, each its half of the columns (dS K[:, half] over both
+# consumers' keys, FA-3's split of that matmul): the same bytes added, and a (64, d/2) tile a thread's registers
+# hold where "turns" holds (64, d), what lets the fused kernel fit at d=128
+DQ_MODES = ("add", "red", "probe", "tma", "turns", "turns-t", "halves")
 # the kernels' DQ_MODE (probe: red, no row)
-_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4, "turns-t": 5}
-_STAGED = ("tma", "turns", "turns-t")  # the modes that add dQ by the copy engine, from fp32 staging tiles
-_SHARED = ("turns", "turns-t")  # the modes whose consumers share their dS^T and add in turns
+_DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4, "turns-t": 5, "halves": 6}
+_STAGED = ("tma", "turns", "turns-t", "halves")  # the modes that add dQ by the copy engine, from fp32 staging tiles
+_SHARED = ("turns", "turns-t", "halves")  # the modes whose consumers share their dS^T and add the program's share
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
@@ -944,13 +964,14 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode
         if kernel == "fused" and cfg.block_m != 64 and dq_mode != "turns-t":
             return (f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows (but with "
                     "dq_mode 'turns-t')")
-        if kernel == "fused" and dq_mode == "turns" and cfg.block_n != 2 * WG_KEYS:
-            return f"block_n {cfg.block_n}: dq_mode 'turns' takes two consumers' turns ({2 * WG_KEYS} keys)"
+        if kernel == "fused" and dq_mode in ("turns", "halves") and cfg.block_n != 2 * WG_KEYS:
+            return f"block_n {cfg.block_n}: dq_mode {dq_mode!r} takes two consumers ({2 * WG_KEYS} keys)"
         if kernel == "fused" and dq_mode == "turns-t" and cfg.block_n == WG_KEYS:
             return f"block_n {cfg.block_n}: dq_mode 'turns-t' takes two or three consumers' turns"
         return _ws_config_error(head_dim, cfg, elem, fused=kernel == "fused",
                                 staged=kernel == "fused" and dq_mode in _STAGED,
-                                shared=kernel == "fused" and dq_mode in _SHARED)
+                                shared=kernel == "fused" and dq_mode in _SHARED,
+                                split=kernel == "fused" and dq_mode == "halves")
     if kernel == "fused" and cfg.block_m != 64:
         return f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows"
     if cfg.num_warps not in (4, 8):
@@ -971,11 +992,13 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode
 
 
 def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False, staged: bool = False,
-                     shared: bool = False) -> str | None:
+                     shared: bool = False, split: bool = False) -> str | None:
     """config_error for the warp-specialised dK/dV kernel (fused: _fused_ws_kernel, which also keeps each
-    consumer's dS^T in shared memory; staged: and its fp32 dQ staging tile, dq_mode "tma" or "turns";
-    shared: dS^T a tile parity, "turns" and "turns-t"): block_n = consumers x WG_KEYS keys, 4 warps each; the register
-    split is the kernel's own (WS_REGS)."""
+    consumer's dS^T in shared memory; staged: and its fp32 dQ staging tile, _STAGED; shared: dS^T a tile
+    parity, _SHARED; split: each staging tile a consumer's share of the columns, "halves"): block_n =
+    consumers x WG_KEYS keys, 4 warps each; the register split is the kernel's own (WS_REGS). With two or
+    three consumers the registers hold a program an SM, so its shared memory may use what the SM has
+    (flash_gluon.WS_SMEM_BUDGET); one consumer keeps SMEM_BUDGET, where two programs share an SM."""
     if cfg.num_warps != 4:
         return f"num_warps {cfg.num_warps}: each warp-specialised consumer is one warpgroup, num_warps 4"
     if cfg.block_n % WG_KEYS or cfg.block_n // WG_KEYS not in WS_REGS:
@@ -987,13 +1010,15 @@ def _ws_config_error(head_dim: int, cfg: Config, elem: int, fused: bool = False,
         return f"stages {cfg.stages}: at least 2 (a slot is refilled only after every consumer is done with it)"
     if cfg.maxnreg is not None:
         return f"maxnreg {cfg.maxnreg}: the warp-specialised kernel sets its own registers (WS_REGS)"
+    consumers = cfg.block_n // WG_KEYS
     smem = (2 * cfg.block_n + 2 * cfg.stages * cfg.block_m) * head_dim * elem + (
         cfg.block_n * cfg.block_m * elem * (1 + shared) if fused else 0) + (
-        cfg.block_n // WG_KEYS * cfg.block_m * head_dim * 4 if staged else 0)
-    if smem > ft.SMEM_BUDGET:
+        (1 if split else consumers) * cfg.block_m * head_dim * 4 if staged else 0)
+    budget = flash_gluon.WS_SMEM_BUDGET if consumers > 1 else ft.SMEM_BUDGET
+    if smem > budget:
         staging = " and the tma adds' staging tiles" if staged else ""
         return (f"{smem} bytes of shared memory for the program's tiles and {cfg.stages} slots{staging}, over "
-                f"{ft.SMEM_BUDGET}")
+                f"{budget}")
     return None
 
 

@@ -296,6 +296,35 @@ def test_in_turns_one_consumer_a_tile_adds_the_dq_of_both_consumers_keys(tmp_pat
     assert re.search(r"@%p\d+ mbarrier\.arrive\.shared::cta\.b64", ptx)  # predicated: one thread arrives
 
 
+def test_in_halves_every_consumer_adds_its_columns_of_every_tiles_dq(tmp_path):
+    # dq_mode "halves": on every tile each consumer takes dS K over both consumers' keys for its half of the
+    # columns (two (64, 32) matmuls at d=64, no branch on whose turn it is) and has the copy engine add it;
+    # the tiles above a consumer's diagonal still carry its columns of the other consumer's share
+    consumers, _ = _copy_engine_adds(tmp_path, "halves", "64,128,3,4,ws")
+    steps = [loop for loop in consumers if "dot:st_tok" in loop]
+    skips = [loop for loop in consumers if "dot:st_tok" not in loop]
+    assert len(steps) == 4 and len(skips) == 2, consumers
+    for loop in steps:
+        assert loop[loop.index("dot:dk_tok") + 1:] == ["dot:dq_tok", "dot:dq_tok", "wait:0"], loop
+    for loop in skips:
+        assert loop == ["dot:dq_tok", "dot:dq_tok", "wait:0"], loop
+    report = json.loads((tmp_path / "gluon_fused_64x128x3x4_ws_halves_d64.json").read_text())
+    assert any(op.startswith("HGMMA.64x32x16") for op in report["sass_ops"]), report["sass_ops"]
+
+
+def test_halves_fit_the_fused_kernel_at_d128_where_turns_spill_more(tmp_path):
+    # at d=128 "turns" holds a (64, 128) fp32 dQ tile beside dK and dV, "halves" a (64, 64) one; both now
+    # compile (the warp-specialised budget), and halves spill less
+    stacks = {}
+    for mode in ("turns", "halves"):
+        r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", mode, "--head-dim", "128", "--causal", "--out",
+                 str(tmp_path / mode))
+        assert r.returncode == 0, r.stderr[-3000:]
+        stacks[mode] = json.loads((tmp_path / mode / f"gluon_fused_64x128x2x4_ws_{mode}_d128.json").read_text())
+    assert stacks["halves"]["stack_bytes"] < stacks["turns"]["stack_bytes"], stacks
+    assert stacks["halves"]["shared_bytes"] < stacks["turns"]["shared_bytes"]  # half the staging tiles
+
+
 def _sass_text(path) -> list[str]:
     """A SASS listing's instructions, without the addresses in their comments."""
     return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in path.read_text().splitlines()

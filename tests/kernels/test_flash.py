@@ -967,6 +967,32 @@ def test_gpu_transposed_turns_give_the_split_backwards_gradients(shape, shape_k,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "shape_k", "causal"), [
+    ((1, 3, 777, 64), None, True), ((2, 2, 1000, 64), None, False), ((1, 2, 777, 64), (1, 2, 1000, 64), True),
+    ((2, 2, 1000, 64), (2, 2, 333, 64), True), ((1, 2, 777, 128), None, True), ((2, 2, 1000, 128), None, False),
+    ((1, 2, 777, 128), (1, 2, 1000, 128), False)])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_gpu_halves_give_the_split_backwards_gradients(shape, shape_k, causal, stages):
+    # the warp-specialised fused kernel with dq_mode "halves" (each consumer adds its half of dQ's columns
+    # over both consumers' keys, every tile): every row of dQ, dK, dV within rounding of the split
+    # backward's, ragged tiles, unequal lengths and the causal consumers' skipped tiles included
+    import kernels.flash_gluon_bwd as gb
+    import kernels.flash_triton as ft
+
+    q, k, v, do = _sm90_inputs(shape, seed=14, shape_k=shape_k)
+    cfg = gb.Config(64, 128, stages, 4, "ws")
+    why = gb.config_error("fused", shape[-1], cfg, dq_mode="halves")
+    if why:
+        pytest.skip(why)
+    o, lse = flash_attention_forward(q, k, v, causal)
+    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_fused=False))
+    got = gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode="halves")
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert (a.float() - b.float()).abs().amax(dim=-1).max().item() < 1e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "shape_k", "causal"), [
     ((2, 2, 1000, 64), None, False), ((1, 3, 777, 64), (1, 3, 1000, 64), False),
     ((2, 2, 1000, 64), (2, 2, 333, 64), False), ((1, 3, 777, 64), None, True)])
 @pytest.mark.parametrize(("dq_mode", "cfg"), [("add", (64, 128, 2, 4, "ws")), ("tma", (64, 128, 2, 4, "ws")),

@@ -45,7 +45,7 @@ def test_configs_the_h200_ran_are_accepted(kernel, head_dim, cfg):
     ("dkdv", gb.Config(128, 128, 2, 4, "ws"), "block_m 128"),   # must divide a consumer's 64 keys
     ("dkdv", gb.Config(64, 128, 1, 4, "ws"), "stages 1"),
     ("dkdv", gb.Config(64, 128, 2, 4, "ws", 168), "maxnreg 168"),  # the kernel splits the registers itself
-    ("dkdv", gb.Config(64, 192, 4, 4, "ws"), "229376 bytes"),   # K, V of 192 keys and four slots at d=128
+    ("dkdv", gb.Config(64, 192, 5, 4, "ws"), "262144 bytes"),   # K, V of 192 keys and five slots at d=128
     ("dkdv", gb.Config(64, 64, 2, 4, "defer-rs"), "stages 2"),  # K and V in registers change no slot count
     ("dkdv", gb.Config(64, 64, 2, 4, "ws-rs"), "order 'ws-rs'"),
     ("fused", gb.Config(64, 64, 2, 4, "overlap-rs"), "order 'overlap-rs'"),  # the dK/dV kernel's orders only
@@ -160,11 +160,11 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
     with pytest.raises(ValueError, match="dq_mode"):
         gb.launch_spec("fused", 64, cfg, "atomics")
     # the copy engine's adds: the warp-specialised kernel's only, and each consumer's fp32 staging tile
-    # counts in shared memory (two consumers at d=128: 208 KiB)
+    # counts in shared memory (two consumers at d=128 with three slots: 240 KiB)
     with pytest.raises(ValueError, match="order ws"):
         gb.launch_spec("fused", 64, gb.Config(64, 64, 2, 4), "tma")
     with pytest.raises(ValueError, match="staging tiles"):
-        gb.launch_spec("fused", 128, cfg, "tma")
+        gb.launch_spec("fused", 128, gb.Config(64, 128, 3, 4, "ws"), "tma")
     assert gb.launch_spec("fused", 128, cfg, "red")[1]["DQ_MODE"] == 2
     # turns: two consumers take the tiles' adds in turns, so it needs exactly two; each keeps its dS^T for
     # both tile parities, which counts too
@@ -173,9 +173,9 @@ def test_the_fused_kernel_has_a_warp_specialised_form():
                      (gb.Config(64, 128, 2, 4), "order ws")):
         with pytest.raises(ValueError, match=why):
             gb.launch_spec("fused", 64, bad, "turns")
-    seven = gb.Config(64, 128, 7, 4, "ws")  # seven Q/dO slots: 192 KiB with tma's tiles, 208 with turns'
-    assert gb.config_error("fused", 64, seven, dq_mode="tma") is None
-    assert "shared memory" in gb.config_error("fused", 64, seven, dq_mode="turns")
+    nine = gb.Config(64, 128, 9, 4, "ws")  # nine Q/dO slots: 224 KiB with tma's tiles, 240 with turns'
+    assert gb.config_error("fused", 64, nine, dq_mode="tma") is None
+    assert "shared memory" in gb.config_error("fused", 64, nine, dq_mode="turns")
 
 
 def test_rotated_query_tiles_are_the_warp_specialised_fused_kernels_knob():
@@ -202,7 +202,7 @@ def test_transposed_turns_take_two_or_three_consumers_at_any_query_tile():
     assert "64 query rows" in gb.config_error("fused", 64, gb.Config(32, 192, 3, 4, "ws"), dq_mode="turns")
     for bad, why in ((gb.Config(32, 64, 3, 4, "ws"), "two or three consumers"),
                      (gb.Config(32, 128, 3, 4), "order ws"),
-                     (gb.Config(64, 192, 4, 4, "ws"), "shared memory")):
+                     (gb.Config(64, 192, 6, 4, "ws"), "shared memory")):
         with pytest.raises(ValueError, match=why):
             gb.launch_spec("fused", 64, bad, "turns-t")
     # (16, 128) at d=128 with 3 slots: 64 KiB of K, V + 24 of Q, dO + 8 of dS^T + 16 of staging = 112 KiB;
@@ -210,6 +210,36 @@ def test_transposed_turns_take_two_or_three_consumers_at_any_query_tile():
     cfg = gb.Config(16, 128, 3, 4, "ws")
     assert gb.config_error("fused", 128, cfg, dq_mode="turns-t") is None
     assert "64 query rows" in gb.config_error("fused", 128, cfg, dq_mode="turns")
+
+
+def test_halves_give_each_of_two_consumers_half_of_dqs_columns_every_tile():
+    # "halves": DQ_MODE 6, two consumers (128 keys) and 64 query rows like "turns"; its staging tiles are
+    # each consumer's half of the columns, so at d=128 three Q/dO slots fit where turns' do not:
+    # K, V 64 KiB + Q, dO 96 + dS^T of both parities 32 + staging 32 = 224 KiB, against turns' 256
+    cfg = gb.Config(64, 128, 3, 4, "ws")
+    kernel, config, _ = gb.launch_spec("fused", 128, cfg, "halves")
+    assert kernel is gb._fused_ws_kernel and config["DQ_MODE"] == 6 and config["CONSUMERS"] == 2
+    assert gb.config_error("fused", 128, cfg, dq_mode="halves") is None
+    assert "staging tiles" in gb.config_error("fused", 128, cfg, dq_mode="turns")
+    for bad, why in ((gb.Config(64, 64, 2, 4, "ws"), "two consumers"), (gb.Config(64, 192, 2, 4, "ws"),
+                                                                        "two consumers"),
+                     (gb.Config(32, 128, 3, 4, "ws"), "64 query rows"), (gb.Config(64, 128, 2, 4), "order ws"),
+                     (gb.Config(64, 128, 4, 4, "ws"), "shared memory")):
+        with pytest.raises(ValueError, match=why):
+            gb.launch_spec("fused", 128, bad, "halves")
+    assert gb.dq_accumulator(torch.empty(1, 2, 3, 64), "halves").shape == (1, 2, 3, 64)  # turns' layout
+
+
+def test_the_warp_specialised_budget_is_the_sms_where_registers_hold_one_program():
+    # two or three consumers take an SM's registers, so the kernel may use its shared memory
+    # (flash_gluon.WS_SMEM_BUDGET); one consumer (two programs an SM) keeps SMEM_BUDGET
+    # the same 224 KiB at d=128: two consumers with turns (128 KiB of tiles, 32 of dS^T, 64 of staging), and
+    # one consumer with six Q/dO slots (32 KiB of K, V and 192 of slots)
+    two = gb.Config(64, 128, 2, 4, "ws")
+    assert gb.config_error("fused", 128, two, dq_mode="turns") is None
+    one = gb.Config(64, 64, 6, 4, "ws")
+    assert f"over {ft.SMEM_BUDGET}" in gb.config_error("dkdv", 128, one)
+    assert gb.config_error("dkdv", 128, gb.Config(64, 64, 5, 4, "ws")) is None
 
 
 def test_the_warp_specialised_kernel_splits_the_registers_by_its_consumers():
