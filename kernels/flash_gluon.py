@@ -644,10 +644,12 @@ class Config(NamedTuple):
     mode: str = "overlap"
 
 
-# (head dim, causal) -> the config flash_triton's forward launches this kernel at when
-# LaunchOptions.gluon_fwd is on (off by default). On the H200 one warpgroup with three slots ran
-# 0.93x-1.09x the Triton forward at d=128 in turns (docs/results/h200/flash_gluon/README.md).
-SHIPPED_FWD = {(128, True): Config(64, 64, 3, 4), (128, False): Config(64, 64, 3, 4)}
+# (head dim, causal) -> the config flash_triton's forward launches this kernel at (LaunchOptions.gluon_fwd):
+# two warp-specialised consumers of 64 rows, 128-key tiles, three K/V slots (what WS_SMEM_BUDGET and 240
+# registers a consumer allow). Under sustained load on an H100, in one rotation with the Triton forward and a
+# second copy of it, 1.10x-1.14x the Triton forward and 0.95x-1.08x cuDNN's on four d=128 shapes of seq
+# 4096-16384 (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots").
+SHIPPED_FWD = {(128, True): Config(128, 128, 3, 4, "ws"), (128, False): Config(128, 128, 3, 4, "ws")}
 
 
 def shipped_config(head_dim: int, is_causal: bool) -> Config | None:

@@ -1108,15 +1108,26 @@ SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 
 
 # (head dim, causal) -> the config flash_triton's backward launches the fused warp-specialised kernel at,
-# adding dQ as SHIPPED_FUSED_DQ_MODE says, from LaunchOptions.fused_min_seq on (LaunchOptions.gluon_fused).
+# adding dQ as SHIPPED_FUSED_DQ_MODES says, from LaunchOptions.fused_min_seq on (LaunchOptions.gluon_fused).
 # On an H100, in turns with the split backward (docs/results/h200/flash_gluon_bwd/README.md, "The adds in
 # turns"): 1.04x on (16, 16384, 64) causal, level with cuDNN's; 0.90x on (4, 16, 4096, 64) not causal. Three
 # Q/dO slots, not two: in turns on (16, 16384, 64) and (2, 32, 8192, 64) causal the best rounds read 1.07x
 # and 1.05x with three, the median rounds 0.995x and 1.03x; under sustained load, each against the split
 # backward in its own process, three slots ran 1.06x on both and two 1.03x and 1.015x
 # (docs/results/h100/gluon_paths/README.md, "The fused backward shipped")
-SHIPPED_FUSED = {(64, True): Config(64, 128, 3, 4, "ws")}
-SHIPPED_FUSED_DQ_MODE = "turns"
+# At d=128 the kernel fits with dQ added in halves (DQ_MODES): under sustained load on an H100, in one rotation
+# with the split backward, 1.05x on (2, 16, 8192, 128) causal and 1.08x not causal (1.02x at seq 4096)
+# (docs/results/h100/gluon_paths/README.md, "Halves at d=128").
+FUSED_CONFIG_WS = Config(64, 128, 3, 4, "ws")
+SHIPPED_FUSED = {(64, True): FUSED_CONFIG_WS, (128, True): FUSED_CONFIG_WS, (128, False): FUSED_CONFIG_WS}
+# head dim -> how the shipped fused kernel adds dQ: in turns at d=64 (halves ran 0.90x-0.96x there), in
+# halves at d=128 (turns' (64, 128) dQ tile spills)
+SHIPPED_FUSED_DQ_MODES = {64: "turns", 128: "halves"}
+
+
+def shipped_dq_mode(head_dim: int) -> str:
+    """How flash_triton's backward has the shipped fused kernel add dQ at this head dim (SHIPPED_FUSED_DQ_MODES)."""
+    return SHIPPED_FUSED_DQ_MODES[head_dim]
 
 
 def shipped_config(kernel: str, head_dim: int, is_causal: bool) -> Config | None:

@@ -724,7 +724,7 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 
 # The fused Gluon backward (kernels/flash_gluon_bwd.py: one warp-specialised kernel for dK, dV and dQ, five
 # matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
-# runs where it ships (SHIPPED_FUSED there: d=64 causal) on calls of at least this many queries and at
+# runs where it ships (SHIPPED_FUSED there: d=64 causal, d=128) on calls of at least this many queries and at
 # least this many keys.
 # Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md):
 # 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
@@ -757,8 +757,8 @@ class LaunchOptions:
                 with it read 0.975-1.014x the shipped one under sustained load on an H100
                 (docs/results/h100/flash_rs/README.md)
     gluon_fwd   the forward kernel is the Gluon one (kernels/flash_gluon.py) at d and mask in its SHIPPED_FWD
-                where _gluon_config allows it (sm_90, 16-bit, tensors the copy engine takes, tma on, no
-                pinned fwd config). Off by default
+                (d=128) where _gluon_config allows it (sm_90, 16-bit, tensors the copy engine takes, tma on,
+                no pinned fwd config). False keeps the Triton forward everywhere
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
@@ -777,7 +777,7 @@ class LaunchOptions:
     pinned: Mapping[str, triton.Config] = field(default_factory=dict)
     gluon_dkdv: bool = True
     gluon_dq: bool = False
-    gluon_fwd: bool = False
+    gluon_fwd: bool = True
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     gluon_fused: bool = True
     fused_min_seq: int = FUSED_MIN_SEQ
@@ -1188,7 +1188,7 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
                     want_plan: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) from the fused Gluon backward at `cfg` (_gluon_config): Delta and a zeroed fp32 dQ
     accumulator from one Triton kernel (flash_gluon_bwd.fused_prep), the fused kernel adding dQ as
-    SHIPPED_FUSED_DQ_MODE says, then dQ scaled by 1/sqrt(d) and cast in one pass. Remembers a plan under
+    shipped_dq_mode says, then dQ scaled by 1/sqrt(d) and cast in one pass. Remembers a plan under
     `key` when want_plan (the prep kernel is launched through Triton; the fused kernel by its plan)."""
     from kernels import flash_gluon_bwd
 
@@ -1197,7 +1197,8 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc.view(q4.shape))
-    fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan, flash_gluon_bwd.SHIPPED_FUSED_DQ_MODE)
+    fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan,
+                          flash_gluon_bwd.shipped_dq_mode(q.shape[-1]))
     dq = flash_gluon_bwd.cast_dq(acc, q)
     if fused is not None:
         shapes, dtype, device = (k.shape, v.shape), q.dtype, q.device

@@ -459,7 +459,7 @@ def test_a_stride0_gradient_is_copied_so_the_kernels_read_it_by_descriptor(monke
 
 
 def test_the_fused_backward_is_picked_only_where_it_ships_and_nothing_pins_the_split_kernels(monkeypatch):
-    # _gluon_config("fused"): SHIPPED_FUSED's config at d=64 causal, with the option on and neither
+    # _gluon_config("fused"): SHIPPED_FUSED's config at d=64 causal and d=128, with the option on and neither
     # backward kernel pinned (the copy engine's own checks stubbed, since this runs on the CPU)
     import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
@@ -472,7 +472,12 @@ def test_the_fused_backward_is_picked_only_where_it_ships_and_nothing_pins_the_s
         return ft._gluon_config("fused", causal, x, x, x, x, options, x)
 
     assert pick(ft.DEFAULT_OPTIONS) == gb.SHIPPED_FUSED[(64, True)]
-    assert pick(ft.DEFAULT_OPTIONS, causal=False) is None and pick(ft.DEFAULT_OPTIONS, x=x128) is None
+    assert pick(ft.DEFAULT_OPTIONS, causal=False) is None
+    for causal in (True, False):
+        assert pick(ft.DEFAULT_OPTIONS, x=x128, causal=causal) == gb.SHIPPED_FUSED[(128, causal)]
+    assert (gb.shipped_dq_mode(64), gb.shipped_dq_mode(128)) == ("turns", "halves")
+    for (head_dim, _), cfg in gb.SHIPPED_FUSED.items():
+        assert gb.config_error("fused", head_dim, cfg, dq_mode=gb.shipped_dq_mode(head_dim)) is None
     dq_pin = {"dq": ft.make_config(64, 64, 4, 2)}
     for options in (ft.LaunchOptions(gluon_fused=False), ft.LaunchOptions(tma=False),
                     ft.LaunchOptions(pinned=dq_pin), ft.LaunchOptions(pinned={"dkdv": ft.make_config(64, 64, 4, 2)})):
@@ -810,18 +815,18 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
 def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
-    # LaunchOptions(gluon_fwd=True) launches the Gluon forward at d=128: O and L equal that kernel's own
-    # launcher's bit for bit, on the first call and the plan's replay, and stay within rounding of the
+    # LaunchOptions.gluon_fwd (on by default) launches the Gluon forward at d=128: O and L equal that kernel's
+    # own launcher's bit for bit, on the first call and the plan's replay, and stay within rounding of the
     # Triton forward's in every row (a ragged last tile included)
     import kernels.flash_gluon as fg
     import kernels.flash_triton as ft
 
     q, k, v, _ = _sm90_inputs(shape, seed=6)
-    on = ft.LaunchOptions(gluon_fwd=True)
+    on = ft.DEFAULT_OPTIONS
     cfg = fg.shipped_config(128, causal)
     assert ft._gluon_config("fwd", causal, *(ft._as_zhnd(t) for t in (q, k, v)), None, on) == cfg
     want_o, want_l = fg.flash_attention_forward(q, k, v, causal, **cfg._asdict())
-    tri_o, tri_l = ft.flash_attention_forward(q, k, v, causal)
+    tri_o, tri_l = ft.flash_attention_forward(q, k, v, causal, options=ft.LaunchOptions(gluon_fwd=False))
     ft.clear_launch_plans()
     for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
         o, lse = ft.flash_attention_forward(q, k, v, causal, options=on)
@@ -1019,18 +1024,20 @@ def test_gpu_rotated_query_tiles_give_the_split_backwards_gradients(shape, shape
     ((1, 3, 777, 64), None, True), ((2, 2, 1000, 64), None, True),
     ((1, 3, 777, 64), (1, 3, 1000, 64), True),  # keys past the last query
     ((2, 2, 1000, 64), (2, 2, 333, 64), True),  # queries past the last key
-    ((2, 2, 1000, 64), None, False), ((1, 3, 777, 64), (1, 3, 1000, 64), False)])
+    ((2, 2, 1000, 64), None, False), ((1, 3, 777, 64), (1, 3, 1000, 64), False),
+    ((1, 3, 777, 128), None, True), ((2, 2, 1000, 128), (2, 2, 333, 128), True),
+    ((1, 3, 777, 128), (1, 3, 1000, 128), False)])
 def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plans(shape, shape_k, causal,
                                                                                   monkeypatch):
     # flash_triton's backward with the fused Gluon kernel (fused_min_seq=0 takes it at any length; d=64
-    # causal is where it ships, and non-causal calls get the same config here): every row of dQ, dK, dV
+    # causal and d=128 are where it ships, and d=64 non-causal calls get the same config here): every row of dQ, dK, dV
     # within rounding of the split backward's, a plan made, and the planned call the same again (dQ up to
     # the order of its fp32 adds). With more keys than queries, the causal key tiles no query sees must
     # come out zero, as the split's do
     import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
 
-    monkeypatch.setitem(gb.SHIPPED_FUSED, (64, causal), gb.SHIPPED_FUSED[(64, True)])
+    monkeypatch.setitem(gb.SHIPPED_FUSED, (shape[-1], causal), gb.FUSED_CONFIG_WS)
     q, k, v, do = _sm90_inputs(shape, seed=11, shape_k=shape_k)
     o, lse = flash_attention_forward(q, k, v, causal)
     want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_fused=False))

@@ -105,19 +105,20 @@ def test_every_shipped_config_is_one_the_kernel_takes():
     assert flash_gluon.shipped_config(96, True) is None
 
 
-def test_the_forward_takes_the_gluon_kernel_only_when_asked_for(monkeypatch):
+def test_the_forward_takes_the_gluon_kernel_where_it_ships_unless_told_not_to(monkeypatch):
     import kernels.flash_triton as ft
 
     views = [ft._as_zhnd(torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)) for _ in range(3)]
-    on = ft.LaunchOptions(gluon_fwd=True)
+    on = ft.DEFAULT_OPTIONS
+    assert on.gluon_fwd
     assert ft._gluon_config("fwd", True, *views, None, on) is None  # a CPU tensor: not sm_90
     monkeypatch.setattr(flash_gluon, "supported", lambda *tensors: None)  # as if on an H200
-    assert ft._gluon_config("fwd", True, *views, None, ft.DEFAULT_OPTIONS) is None  # off by default
     for causal in (False, True):
         assert ft._gluon_config("fwd", causal, *views, None, on) == flash_gluon.shipped_config(128, causal)
+        assert flash_gluon.shipped_config(128, causal).mode == "ws"
     d64 = [ft._as_zhnd(torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)) for _ in range(3)]
     assert ft._gluon_config("fwd", True, *d64, None, on) is None  # not in SHIPPED_FWD
-    for off in (ft.LaunchOptions(gluon_fwd=True, tma=False),
-                ft.LaunchOptions(gluon_fwd=True, pinned={"fwd": ft.make_config(64, 64, 4, 2)})):
+    for off in (ft.LaunchOptions(gluon_fwd=False), ft.LaunchOptions(tma=False),
+                ft.LaunchOptions(pinned={"fwd": ft.make_config(64, 64, 4, 2)})):
         assert ft._gluon_config("fwd", True, *views, None, off) is None, off
-    assert on.key != ft.DEFAULT_OPTIONS.key  # the choice is part of a plan's key
+    assert ft.LaunchOptions(gluon_fwd=False).key != on.key  # the choice is part of a plan's key
