@@ -1,4 +1,4 @@
-"""FlashAttention-2 forward in Gluon for Hopper (sm_90): an experiment beside kernels/flash_triton.py.
+"""FlashAttention-2 forward in Gluon for Hopper (sm_90): kernels/flash_triton.py's forward at d=128.
 
 Why a second forward. Triton 3.6 places the waits of a kernel's matmuls itself: right after a score
 matmul whose result feeds elementwise work it waits for every outstanding matmul, so the softmax of
@@ -25,9 +25,10 @@ mbarrier the copy engine signals. Two kernels run that loop:
                   mbarriers, PINGPONG makes the two take turns to issue their matmuls, and SPLIT_KV
                   gives K and V slots barriers of their own, so K(t)'s slot refills once S(t) is done
 
-Measured on the H200 in turns with the Triton forward (docs/results/h200/flash_gluon/README.md): within
-about 10 % of it at d=128, slower at d=64, and short of cuDNN, so no launcher calls these forwards.
-Their helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too,
+The warp-specialised kernel with 128-key tiles and three slots is what flash_triton's forward launches at
+d=128 (SHIPPED_FWD): under sustained load on an H100 it ran 1.10x-1.14x the Triton forward, 0.95x-1.08x
+cuDNN's (docs/results/h100/gluon_paths/README.md). The other configs and modes are studies: within about
+10 % of the Triton forward at d=128 and slower at d=64 (docs/results/h200/flash_gluon/README.md). Their helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too,
 whose dK/dV kernel the Triton backward launches at d=128.
 
 Same contract as kernels/flash_triton.py's forward: (Z, H, n, d) views with their own strides (unit

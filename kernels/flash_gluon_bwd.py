@@ -35,7 +35,10 @@ share of dQ, by atom, red, or (DQ_MODE 3, "tma") one bulk reduction of a staged 
 the cheapest of the three on an H100 but the kernel still slower than the split backward there; "turns"
 (DQ_MODE 4) halves that traffic: the two consumers share their dS^T and take the tiles in turns, each
 adding the dQ of the program's 128 keys on its tiles. That form is what flash_triton's backward runs for
-causal d=64 from seq 8192 (SHIPPED_FUSED; docs/results/h100/gluon_paths/README.md). "turns-t" (DQ_MODE 5)
+causal d=64 from seq 8192 (SHIPPED_FUSED; docs/results/h100/gluon_paths/README.md). "halves" (DQ_MODE 6)
+has both consumers add on every tile, each its half of dQ's columns over both consumers' keys (FA-3's split
+of that matmul): half the registers for dQ, so the fused kernel fits at d=128, where flash_triton runs it
+from seq 8192 too. "turns-t" (DQ_MODE 5)
 adds dQ^T instead, into a transposed accumulator (dq_accumulator, cast_dq), so two or three consumers can
 take 16 to 64 query rows a step; it was no faster (docs/results/h200/flash_gluon_bwd/README.md). With `rotate`
 (launch_spec) each non-causal program takes the query tiles from its own on, so the programs side by side add
