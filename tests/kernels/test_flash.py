@@ -954,17 +954,24 @@ def test_gpu_transposed_turns_give_the_split_backwards_gradients(shape, shape_k,
     # the warp-specialised fused study kernel with dq_mode "turns-t" (dQ^T added into a transposed
     # accumulator, the consumers in turn, 16-64 query rows a step): every row of dQ, dK, dV within
     # rounding of the split backward's, ragged tiles, unequal lengths and causal skips included
+    _check_fused_study_against_split(shape, shape_k, causal, cfg, "turns-t", seed=12)
+
+
+def _check_fused_study_against_split(shape, shape_k, causal, cfg, dq_mode, seed, rotate=False):
+    """The warp-specialised fused study kernel (flash_gluon_bwd.fused_backward) at cfg, adding dQ as dq_mode
+    says: every row of dQ, dK, dV within rounding of the split backward's (skipped where the config does
+    not fit this head dim)."""
     import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
 
-    q, k, v, do = _sm90_inputs(shape, seed=12, shape_k=shape_k)
+    q, k, v, do = _sm90_inputs(shape, seed=seed, shape_k=shape_k)
     cfg = gb.Config(*cfg)
-    why = gb.config_error("fused", shape[-1], cfg, dq_mode="turns-t")
+    why = gb.config_error("fused", shape[-1], cfg, dq_mode=dq_mode)
     if why:
         pytest.skip(why)
     o, lse = flash_attention_forward(q, k, v, causal)
     want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_fused=False))
-    got = gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode="turns-t")
+    got = gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=dq_mode, rotate=rotate)
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert torch.isfinite(a).all(), name
         assert (a.float() - b.float()).abs().amax(dim=-1).max().item() < 1e-2, name
@@ -980,20 +987,7 @@ def test_gpu_halves_give_the_split_backwards_gradients(shape, shape_k, causal, s
     # the warp-specialised fused kernel with dq_mode "halves" (each consumer adds its half of dQ's columns
     # over both consumers' keys, every tile): every row of dQ, dK, dV within rounding of the split
     # backward's, ragged tiles, unequal lengths and the causal consumers' skipped tiles included
-    import kernels.flash_gluon_bwd as gb
-    import kernels.flash_triton as ft
-
-    q, k, v, do = _sm90_inputs(shape, seed=14, shape_k=shape_k)
-    cfg = gb.Config(64, 128, stages, 4, "ws")
-    why = gb.config_error("fused", shape[-1], cfg, dq_mode="halves")
-    if why:
-        pytest.skip(why)
-    o, lse = flash_attention_forward(q, k, v, causal)
-    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_fused=False))
-    got = gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode="halves")
-    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-        assert torch.isfinite(a).all(), name
-        assert (a.float() - b.float()).abs().amax(dim=-1).max().item() < 1e-2, name
+    _check_fused_study_against_split(shape, shape_k, causal, (64, 128, stages, 4, "ws"), "halves", seed=14)
 
 
 @pytest.mark.gpu
@@ -1007,16 +1001,7 @@ def test_gpu_rotated_query_tiles_give_the_split_backwards_gradients(shape, shape
     # the warp-specialised fused kernel with rotate: each non-causal program takes the query tiles from its
     # own on, wrapping round (a ragged last tile then comes mid-loop); every row of dQ, dK, dV within
     # rounding of the split backward's, with more keys than queries and fewer; causal, rotate changes nothing
-    import kernels.flash_gluon_bwd as gb
-    import kernels.flash_triton as ft
-
-    q, k, v, do = _sm90_inputs(shape, seed=13, shape_k=shape_k)
-    o, lse = flash_attention_forward(q, k, v, causal)
-    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_fused=False))
-    got = gb.fused_backward(q, k, v, o, lse, do, causal, gb.Config(*cfg), dq_mode=dq_mode, rotate=True)
-    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-        assert torch.isfinite(a).all(), name
-        assert (a.float() - b.float()).abs().amax(dim=-1).max().item() < 1e-2, name
+    _check_fused_study_against_split(shape, shape_k, causal, cfg, dq_mode, seed=13, rotate=True)
 
 
 @pytest.mark.gpu
