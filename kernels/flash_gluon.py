@@ -28,8 +28,9 @@ mbarrier the copy engine signals. Two kernels run that loop:
 The warp-specialised kernel with 128-key tiles and three slots is what flash_triton's forward launches at
 d=128 (SHIPPED_FWD): under sustained load on an H100 it ran 1.10x-1.14x the Triton forward, 0.95x-1.08x
 cuDNN's (docs/results/h100/gluon_paths/README.md). The other configs and modes are studies: within about
-10 % of the Triton forward at d=128 and slower at d=64 (docs/results/h200/flash_gluon/README.md). Their helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too,
-whose dK/dV kernel the Triton backward launches at d=128.
+10 % of the Triton forward at d=128 and slower at d=64 (docs/results/h200/flash_gluon/README.md). Their
+helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too, whose
+kernels the backward launches at d=128.
 
 Same contract as kernels/flash_triton.py's forward: (Z, H, n, d) views with their own strides (unit
 stride along d, 16-byte aligned rows), causal aligned top-left, O in the input dtype, L = natural-log
