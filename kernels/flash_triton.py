@@ -1015,7 +1015,11 @@ def _kernel_plan(jit_fn, compiled, args: tuple, n_tensors: int, constexprs: dict
     if not all(hasattr(compiled, a) for a in ("__getitem__", "run", "function", "packed_metadata")):
         return None
     named = dict(zip(jit_fn.arg_names, args, strict=False))  # args: the leading runtime parameters
-    named.update(constexprs, BLOCK_M=tiles[0], BLOCK_N=tiles[1])
+    named.update(constexprs)
+    # the tiles an autotuner picked, where the kernel takes them (the warp-specialised Gluon forward has no
+    # BLOCK_M: its consumers set it)
+    named.update({name: tile for name, tile in zip(("BLOCK_M", "BLOCK_N"), tiles, strict=True)
+                  if name in jit_fn.arg_names})
     named.update({name: rule(named) for name, rule in _EVEN_HEURISTICS.items() if name in jit_fn.arg_names})
     if set(named) != set(jit_fn.arg_names):  # a parameter this code does not know how to fill
         return None

@@ -1158,6 +1158,24 @@ def test_a_kernel_plan_hands_the_c_launcher_addresses_and_the_fixed_rest(monkeyp
     assert calls[-1] == ("wrapper", (2, 3, 1), (q2, o2, *_PLAN_FIXED))
 
 
+def test_a_kernel_plan_fills_only_the_tile_parameters_a_kernel_has(monkeypatch):
+    # the warp-specialised Gluon forward takes BLOCK_N but no BLOCK_M (two consumers of 64 rows set it), so
+    # the plan's tiles must not add a parameter the kernel lacks (that made it give up on a plan)
+    from types import SimpleNamespace
+
+    import kernels.flash_triton as ft
+
+    calls = []
+    monkeypatch.setattr(ft, "_current_stream", lambda device: 9)
+    jit_fn = SimpleNamespace(arg_names=["Q", "O", "n_q", "HEAD_DIM", "BLOCK_N", "CONSUMERS"])
+    q, o = torch.zeros(1), torch.zeros(1)
+    plan = ft._kernel_plan(jit_fn, _recording_compiled(calls), (q, o, 100), 2, {"HEAD_DIM": 128, "BLOCK_N": 128,
+                                                                               "CONSUMERS": 2}, (128, 128), (1, 4), 0)
+    assert isinstance(plan, ft._KernelPlan)
+    plan(q, o)
+    assert calls[-1][1][-4:] == (100, 128, 128, 2)  # n_q, then the constexprs in signature order
+
+
 def test_a_kernel_plan_gives_a_descriptor_kernel_scratch_for_every_program(monkeypatch):
     import kernels.flash_triton as ft
 
