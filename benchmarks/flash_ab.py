@@ -76,7 +76,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
 
 
 BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq", "gluon_fwd", "gluon_fused")
-INT_OPTIONS = ("head_group", "bwd_head_group", "fused_min_seq")
+INT_OPTIONS = ("head_group", "bwd_head_group", "fused_min_seq", "gluon_fwd_min_seq")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 

@@ -732,6 +732,12 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 # the last bits from run to run; gluon_fused=False keeps the split backward.
 FUSED_MIN_SEQ = 8192
 
+# The Gluon forward (kernels/flash_gluon.py, SHIPPED_FWD: d=128) runs on calls of at least this many queries
+# and keys: it was timed from seq 4096 to 16384 (1.10x-1.14x the Triton forward under sustained load on an
+# H100, docs/results/h100/gluon_paths/README.md); shorter calls keep the autotuned Triton forward, whose
+# tiles are picked per length.
+GLUON_FWD_MIN_SEQ = 4096
+
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -757,8 +763,11 @@ class LaunchOptions:
                 with it read 0.975-1.014x the shipped one under sustained load on an H100
                 (docs/results/h100/flash_rs/README.md)
     gluon_fwd   the forward kernel is the Gluon one (kernels/flash_gluon.py) at d and mask in its SHIPPED_FWD
-                (d=128) where _gluon_config allows it (sm_90, 16-bit, tensors the copy engine takes, tma on,
-                no pinned fwd config). False keeps the Triton forward everywhere
+                (d=128), on calls of at least gluon_fwd_min_seq queries and keys, where _gluon_config allows
+                it (sm_90, 16-bit, tensors the copy engine takes, tma on, no pinned fwd config). False keeps
+                the Triton forward everywhere
+    gluon_fwd_min_seq
+                the queries, and the keys, a call needs for gluon_fwd to apply (GLUON_FWD_MIN_SEQ)
     copy_grad_min_work
                 the backward copies a dO the copy engine cannot read (stride 0) contiguous from this much
                 work (Z*H*n_q*n_k*d, halved when causal) where q qualifies for descriptors (_copies_grad)
@@ -778,6 +787,7 @@ class LaunchOptions:
     gluon_dkdv: bool = True
     gluon_dq: bool = False
     gluon_fwd: bool = True
+    gluon_fwd_min_seq: int = GLUON_FWD_MIN_SEQ
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     gluon_fused: bool = True
     fused_min_seq: int = FUSED_MIN_SEQ
@@ -788,7 +798,7 @@ class LaunchOptions:
             g = getattr(self, name)
             if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {g!r}")
-        for name in ("copy_grad_min_work", "fused_min_seq"):
+        for name in ("copy_grad_min_work", "fused_min_seq", "gluon_fwd_min_seq"):
             work = getattr(self, name)
             if isinstance(work, bool) or not isinstance(work, int) or work < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {work!r}")
@@ -798,7 +808,7 @@ class LaunchOptions:
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
                                          self.gluon_dkdv, self.gluon_dq, self.gluon_fwd, self.copy_grad_min_work,
-                                         self.gluon_fused, self.fused_min_seq))
+                                         self.gluon_fused, self.fused_min_seq, self.gluon_fwd_min_seq))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -1152,7 +1162,9 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     args = (q4, k4, v4, o4, lse, *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             H, n_q, n_k, sm_scale * LOG2E, _seq_bucket(max(n_q, n_k)))
     want_plan = key is not None and _plannable(q, k, v)
-    gluon = _gluon_config("fwd", is_causal, q4, k4, v4, None, options)
+    gluon = None
+    if min(n_q, n_k) >= options.gluon_fwd_min_seq:
+        gluon = _gluon_config("fwd", is_causal, q4, k4, v4, None, options)
     if gluon is not None:
         kernel = _launch_gluon("fwd", gluon, (q4, k4, v4, o4, lse), group, is_causal, q, want_plan)
     else:

@@ -518,6 +518,26 @@ def test_the_backward_goes_fused_from_fused_min_seq_queries_and_keys_on(monkeypa
     assert seen == ["cfg", "cfg"]  # 48 queries, but the keys fall short
 
 
+def test_the_forward_asks_for_the_gluon_kernel_from_gluon_fwd_min_seq_queries_and_keys_on(monkeypatch):
+    # the gate sits before _gluon_config: shorter calls never consult it and keep the Triton forward
+    import kernels.flash_triton as ft
+
+    asked = []
+    monkeypatch.setattr(ft, "_gluon_config", lambda which, *a, **kw: asked.append(which))  # None: Triton runs
+    q, k, v, _ = (t.to(DEVICE, torch.float16) for t in _inputs((1, 2, 40, 64), (1, 2, 48, 64)))
+    with pytest.raises(ValueError, match="gluon_fwd_min_seq"):
+        ft.LaunchOptions(gluon_fwd_min_seq=-1)
+    assert ft.GLUON_FWD_MIN_SEQ > 48 and ft.DEFAULT_OPTIONS.gluon_fwd_min_seq == ft.GLUON_FWD_MIN_SEQ
+    ft.flash_attention_forward(q, k, v, True)
+    assert asked == []  # 40 queries, 48 keys: under the default gate
+    ft.flash_attention_forward(q, k, v, True, options=ft.LaunchOptions(gluon_fwd_min_seq=41))
+    assert asked == []  # the queries fall short
+    want, _ = ft.flash_attention_forward(q, k, v, True, options=ft.LaunchOptions(gluon_fwd_min_seq=40))
+    assert asked == ["fwd"]  # both at least the gate: asked, and (None here) the Triton forward ran
+    torch.testing.assert_close(want, ft.flash_attention_forward(q, k, v, True)[0], rtol=0, atol=0)
+    assert ft.LaunchOptions(gluon_fwd_min_seq=40).key != ft.DEFAULT_OPTIONS.key
+
+
 def test_the_fused_backward_scales_the_summed_dq_and_plans_the_same_three_steps(monkeypatch):
     # _fused_backward's host side, with the Gluon kernel stood in for by one that adds 2q into the fp32
     # accumulator and copies k, v into dK, dV: dQ comes out as the zeroed-then-summed accumulator over
@@ -815,14 +835,14 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
 def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
-    # LaunchOptions.gluon_fwd (on by default) launches the Gluon forward at d=128: O and L equal that kernel's
-    # own launcher's bit for bit, on the first call and the plan's replay, and stay within rounding of the
-    # Triton forward's in every row (a ragged last tile included)
+    # LaunchOptions.gluon_fwd (on by default; here at any length) launches the Gluon forward at d=128: O and L
+    # equal that kernel's own launcher's bit for bit, on the first call and the plan's replay, and stay within
+    # rounding of the Triton forward's in every row (a ragged last tile included)
     import kernels.flash_gluon as fg
     import kernels.flash_triton as ft
 
     q, k, v, _ = _sm90_inputs(shape, seed=6)
-    on = ft.DEFAULT_OPTIONS
+    on = ft.LaunchOptions(gluon_fwd_min_seq=0)  # (by default it runs from GLUON_FWD_MIN_SEQ)
     cfg = fg.shipped_config(128, causal)
     assert ft._gluon_config("fwd", causal, *(ft._as_zhnd(t) for t in (q, k, v)), None, on) == cfg
     want_o, want_l = fg.flash_attention_forward(q, k, v, causal, **cfg._asdict())
