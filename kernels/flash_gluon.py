@@ -650,7 +650,8 @@ class Config(NamedTuple):
 # two warp-specialised consumers of 64 rows, 128-key tiles, three K/V slots (what WS_SMEM_BUDGET and 240
 # registers a consumer allow). Under sustained load on an H100, in one rotation with the Triton forward and a
 # second copy of it, 1.10x-1.14x the Triton forward and 0.95x-1.08x cuDNN's on four d=128 shapes of seq
-# 4096-16384 (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots").
+# 4096-16384 (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots, and the fused
+# backward at d=128 in halves").
 SHIPPED_FWD = {(128, True): Config(128, 128, 3, 4, "ws"), (128, False): Config(128, 128, 3, 4, "ws")}
 
 

@@ -1120,10 +1120,11 @@ SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 # (docs/results/h100/gluon_paths/README.md, "The fused backward shipped")
 # At d=128 the kernel fits with dQ added in halves (DQ_MODES): under sustained load on an H100, in one rotation
 # with the split backward, 1.05x on (2, 16, 8192, 128) causal and 1.08x not causal (1.02x at seq 4096)
-# (docs/results/h100/gluon_paths/README.md, "Halves at d=128").
+# (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots, and the fused backward at d=128
+# in halves").
 FUSED_CONFIG_WS = Config(64, 128, 3, 4, "ws")
 SHIPPED_FUSED = {(64, True): FUSED_CONFIG_WS, (128, True): FUSED_CONFIG_WS, (128, False): FUSED_CONFIG_WS}
-# head dim -> how the shipped fused kernel adds dQ: in turns at d=64 (halves ran 0.90x-0.96x there), in
+# head dim -> how the shipped fused kernel adds dQ: in turns at d=64 (halves ran 0.88x-0.96x its speed there), in
 # halves at d=128 (turns' (64, 128) dQ tile spills)
 SHIPPED_FUSED_DQ_MODES = {64: "turns", 128: "halves"}
 

@@ -726,7 +726,7 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 # matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
 # runs where it ships (SHIPPED_FUSED there: d=64 causal, d=128) on calls of at least this many queries and at
 # least this many keys.
-# Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md):
+# Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md), at d=64:
 # 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
 # query tiles there). Its dQ comes from atomic fp32 adds, so unlike the split backward's it can differ in
 # the last bits from run to run; gluon_fused=False keeps the split backward.
