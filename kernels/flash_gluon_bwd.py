@@ -287,7 +287,8 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
           WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
-          WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2, shift=0, ROTATE: gl.constexpr = False):
+          WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2, shift=0, ROTATE: gl.constexpr = False,
+          DQ_COLS: gl.constexpr = 0):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -299,7 +300,8 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     accumulator's tensor descriptor and dq_stage the warpgroup's fp32 staging tile. DQ_MODE 4 (consumer
     WHICH of CONSUMERS) shares its dS^T instead (_share_ds: ds_smem is then every slot of both parities),
     and on the tiles that are its turn adds the whole program's share, dS K over every consumer's keys
-    (k_all), the same way (_turn_dq); DQ_MODE 5 the same as dQ^T into a (HEAD_DIM, n_q) accumulator.
+    (k_all), the same way (_turn_dq); DQ_MODE 5 the same as dQ^T into a (HEAD_DIM, n_q) accumulator; DQ_MODE 6
+    on every tile, columns [WHICH * DQ_COLS, + DQ_COLS) of that share.
     ROTATE (the warp-specialised kernel, non-causal): step t takes query tile (t + shift) % n_iter (_tile_row)."""
     dtype: gl.constexpr = k_smem.dtype
     slot = t % STAGES
@@ -338,14 +340,14 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         elif DQ_MODE >= 4:
             # the consumers take the tiles' dQ in turns: one (64, d) add a tile for the program's keys, where
             # DQ_MODE 3 makes one a consumer (DQ_MODE 5: dQ^T, the query tile as the matmul's N)
-            # DQ_MODE 6: every consumer every tile, each its columns of the program's dQ share
+            # DQ_MODE 6: every consumer every tile, each its DQ_COLS columns of the program's dQ share
             _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH, CONSUMERS)
-            COLS: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_MODE == 6 else 0
             if DQ_MODE == 6 or t % CONSUMERS == WHICH:
-                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * COLS, COLS)
+                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * DQ_COLS,
+                                  DQ_COLS)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
                 mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read (by this one)
-                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5, WHICH * COLS)
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5, WHICH * DQ_COLS)
             else:
                 dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
@@ -575,7 +577,8 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
     acc_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)      # dK, dV: (WG_KEYS, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    dq_cols: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_MODE == 6 else 0  # DQ_MODE 6: its columns of dQ
+    # DQ_MODE 6: its columns of dQ, as wide as the staging tile the kernel gave it (0: the whole row)
+    dq_cols: gl.constexpr = dq_stage.shape[2] if DQ_MODE == 6 else 0
     if DQ_MODE == 5:  # dQ^T, (HEAD_DIM, BLOCK_M): the queries are its columns, as in S^T
         dq_layout: gl.constexpr = st_layout
     elif DQ_MODE == 6:  # (BLOCK_M, dq_cols)
@@ -623,13 +626,13 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols)
     if DQ_MODE >= 3:
         tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
