@@ -12,6 +12,12 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
     python -m benchmarks.flash_ab --options head_group=8 --baseline-options head_group=1 \
         --variant all:head_group=65536 --sdpa cudnn --out grid_order.json
 
+`--fuse 64` also runs the fused Gluon backward on non-causal d=64 calls, where it does not ship, for every
+version with gluon_fused on (SHIPPED_FUSED set for the process):
+
+    python -m benchmarks.flash_ab --pass bwd --fuse 64 --options gluon_fused=true \
+        --baseline-options gluon_fused=false --label split --shape 2,32,8192,64 --out fused_nc64.json
+
 `--variant NAME:OPTIONS` adds more versions of this tree to the same rotation: the current version's
 options and pins with OPTIONS on top (their times as NAME_ms, and speedup_vs_NAME: > 1 when the
 current version is faster).
@@ -122,6 +128,28 @@ def parse_pin(text: str) -> tuple[str, tuple[int, ...]]:
     return name, cfg
 
 
+def parse_fuse(text: str) -> tuple[int, bool]:
+    """"64" -> (64, False), "64,causal" -> (64, True): a (head dim, mask) of the fused Gluon backward."""
+    from kernels.flash_gluon_bwd import SHIPPED_FUSED_DQ_MODES
+
+    head_dim, _, mask = text.partition(",")
+    if not head_dim.isdigit() or int(head_dim) not in SHIPPED_FUSED_DQ_MODES or mask not in ("", "causal"):
+        raise argparse.ArgumentTypeError(
+            f"--fuse {text!r}: want D or D,causal with D one of {', '.join(map(str, SHIPPED_FUSED_DQ_MODES))}")
+    return int(head_dim), mask == "causal"
+
+
+def ship_fused(keys: list[tuple[int, bool]]) -> dict:
+    """Have this process's flash_triton run the fused backward also at these (head dim, mask) keys, at the
+    shipped config (flash_gluon_bwd.FUSED_CONFIG_WS), wherever gluon_fused is on: a version with
+    gluon_fused=false stays split. Returns what SHIPPED_FUSED then holds, for the report."""
+    from kernels import flash_gluon_bwd as gb
+
+    for key in keys:
+        gb.SHIPPED_FUSED[key] = gb.FUSED_CONFIG_WS
+    return {f"{d},{'causal' if causal else 'nc'}": list(cfg) for (d, causal), cfg in sorted(gb.SHIPPED_FUSED.items())}
+
+
 def parse_sdpa(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [n for n in names if n not in SDPA_BACKENDS]
@@ -207,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                          "pins with these on top (repeatable)")
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
                     help="SDPA backends to time in the same rotation")
+    ap.add_argument("--fuse", action="append", type=parse_fuse, default=[], metavar="D[,causal]",
+                    help="also run the fused backward at this head dim and mask (not shipped there) wherever "
+                         "gluon_fused is on, at the shipped config (repeatable)")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=30, help="calls a version a round (without --sustain-ms)")
@@ -240,12 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     from worker.harness import fingerprint
 
     sustained = args.sustain_ms is not None
+    fused_at = ship_fused(args.fuse)
     base = load_module(args.baseline) if args.baseline else current
     label = args.label or (args.baseline.name if args.baseline else "this tree")
     variants = {name: variant_options(args.options, opts) for name, opts in args.variant}
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,
               "baseline_options": args.baseline_options, "variants": variants, "sdpa": args.sdpa,
-              "pass": args.which, "grad": args.grad, "rounds": args.rounds, "sustain_ms": args.sustain_ms,
+              "fused_at": fused_at, "pass": args.which, "grad": args.grad, "rounds": args.rounds,
+              "sustain_ms": args.sustain_ms,
               "speedup_of": "median of rounds" if sustained else "best round", "cells": []}
     # a baseline given no options is called without any: an older file may not take them
     versions = {"current": (current, launch_options(current, args.options)),

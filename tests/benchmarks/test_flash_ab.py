@@ -9,12 +9,14 @@ from benchmarks.flash_ab import (
     launch_options,
     load_module,
     main,
+    parse_fuse,
     parse_options,
     parse_pin,
     parse_sdpa,
     parse_shape,
     parse_variant,
     round_stat,
+    ship_fused,
     time_calls,
     variant_options,
 )
@@ -189,3 +191,22 @@ def test_bad_timing_arguments_are_named(tmp_path, capsys, args, msg):
     assert exc.value.code == 2
     assert msg in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_fused_key_parses_and_bad_ones_are_named():
+    assert parse_fuse("64") == (64, False)
+    assert parse_fuse("128,causal") == (128, True)
+    for bad in ("96", "64,nc", "x", "", "64,causal,1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="want D or D,causal"):
+            parse_fuse(bad)
+
+
+def test_fusing_a_key_ships_the_fused_kernel_there_for_this_process_only(monkeypatch):
+    from kernels import flash_gluon_bwd as gb
+
+    monkeypatch.setattr(gb, "SHIPPED_FUSED", dict(gb.SHIPPED_FUSED))
+    assert gb.shipped_config("fused", 64, False) is None
+    report = ship_fused([(64, False)])
+    assert gb.shipped_config("fused", 64, False) == gb.FUSED_CONFIG_WS
+    assert report["64,nc"] == list(gb.FUSED_CONFIG_WS) and report["64,causal"] == list(gb.SHIPPED_FUSED[(64, True)])
+    assert ship_fused([]) == report  # nothing more to add: the table as it stands
