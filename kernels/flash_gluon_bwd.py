@@ -1126,7 +1126,7 @@ SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 # (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots, and the fused backward at d=128
 # in halves").
 FUSED_CONFIG_WS = Config(64, 128, 3, 4, "ws")
-SHIPPED_FUSED = {(64, True): FUSED_CONFIG_WS, (128, True): FUSED_CONFIG_WS, (128, False): FUSED_CONFIG_WS}
+SHIPPED_FUSED = {(64, True): FUSED_CONFIG_WS, (64, False): FUSED_CONFIG_WS, (128, True): FUSED_CONFIG_WS, (128, False): FUSED_CONFIG_WS}
 # head dim -> how the shipped fused kernel adds dQ: in turns at d=64 (halves ran 0.88x-0.96x its speed there), in
 # halves at d=128 (turns' (64, 128) dQ tile spills)
 SHIPPED_FUSED_DQ_MODES = {64: "turns", 128: "halves"}
