@@ -730,7 +730,7 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 # 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
 # query tiles there). Its dQ comes from atomic fp32 adds, so unlike the split backward's it can differ in
 # the last bits from run to run; gluon_fused=False keeps the split backward.
-FUSED_MIN_SEQ = 8192
+FUSED_MIN_SEQ = 4096
 
 # The Gluon forward (kernels/flash_gluon.py, SHIPPED_FWD: d=128) runs on calls of at least this many queries
 # and keys: it was timed from seq 4096 to 16384 (1.10x-1.14x the Triton forward under sustained load on an
