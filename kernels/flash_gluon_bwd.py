@@ -34,11 +34,11 @@ _fused_ws_kernel (the fused kernel's order "ws") puts the two together: each con
 share of dQ, by atom, red, or (DQ_MODE 3, "tma") one bulk reduction of a staged tile by the copy engine,
 the cheapest of the three on an H100 but the kernel still slower than the split backward there; "turns"
 (DQ_MODE 4) halves that traffic: the two consumers share their dS^T and take the tiles in turns, each
-adding the dQ of the program's 128 keys on its tiles. That form is what flash_triton's backward runs for
-causal d=64 from seq 8192 (SHIPPED_FUSED; docs/results/h100/gluon_paths/README.md). "halves" (DQ_MODE 6)
-has both consumers add on every tile, each its half of dQ's columns over both consumers' keys (FA-3's split
-of that matmul): half the registers for dQ, so the fused kernel fits at d=128, where flash_triton runs it
-from seq 8192 too. "turns-t" (DQ_MODE 5)
+adding the dQ of the program's 128 keys on its tiles. That form is what flash_triton's backward runs at
+d=64 from seq 4096 (SHIPPED_FUSED, flash_triton.FUSED_MIN_SEQ; docs/results/h200/fused_gate/README.md).
+"halves" (DQ_MODE 6) has both consumers add on every tile, each its half of dQ's columns over both
+consumers' keys (FA-3's split of that matmul): half the registers for dQ, so the fused kernel fits at
+d=128, where flash_triton runs it from seq 4096 too. "turns-t" (DQ_MODE 5)
 adds dQ^T instead, into a transposed accumulator (dq_accumulator, cast_dq), so two or three consumers can
 take 16 to 64 query rows a step; it was no faster (docs/results/h200/flash_gluon_bwd/README.md). With `rotate`
 (launch_spec) each non-causal program takes the query tiles from its own on, so the programs side by side add
@@ -1125,8 +1125,12 @@ SHIPPED_DQ = {(128, False): DQ_CONFIG, (128, True): DQ_CONFIG}
 # with the split backward, 1.05x on (2, 16, 8192, 128) causal and 1.08x not causal (1.02x at seq 4096)
 # (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots, and the fused backward at d=128
 # in halves").
+# Non-causal d=64 was level with the split backward at best on an H100, but on an H200, in one rotation with the
+# split backward and a second copy of it, 1.036x on (2, 32, 8192, 64) and 1.060x on (1, 32, 16384, 64), the
+# copy within 0.8 % (docs/results/h200/fused_gate/README.md, which also sets the gate at seq 4096).
 FUSED_CONFIG_WS = Config(64, 128, 3, 4, "ws")
-SHIPPED_FUSED = {(64, True): FUSED_CONFIG_WS, (64, False): FUSED_CONFIG_WS, (128, True): FUSED_CONFIG_WS, (128, False): FUSED_CONFIG_WS}
+SHIPPED_FUSED = {(64, True): FUSED_CONFIG_WS, (64, False): FUSED_CONFIG_WS,
+                 (128, True): FUSED_CONFIG_WS, (128, False): FUSED_CONFIG_WS}
 # head dim -> how the shipped fused kernel adds dQ: in turns at d=64 (halves ran 0.88x-0.96x its speed there), in
 # halves at d=128 (turns' (64, 128) dQ tile spills)
 SHIPPED_FUSED_DQ_MODES = {64: "turns", 128: "halves"}

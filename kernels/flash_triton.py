@@ -724,12 +724,14 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 
 # The fused Gluon backward (kernels/flash_gluon_bwd.py: one warp-specialised kernel for dK, dV and dQ, five
 # matmuls a tile pair where the split backward's two kernels do seven, dQ added in fp32 by the copy engine)
-# runs where it ships (SHIPPED_FUSED there: d=64 causal, d=128) on calls of at least this many queries and at
-# least this many keys.
-# Under sustained load on an H100, against the split backward (docs/results/h100/gluon_paths/README.md), at d=64:
-# 1.027x at 16384, 1.015x at 8192, 0.997x at 4096 and 0.90x at 2048 (its 128-key programs see too few
-# query tiles there). Its dQ comes from atomic fp32 adds, so unlike the split backward's it can differ in
-# the last bits from run to run; gluon_fused=False keeps the split backward.
+# runs where it ships (SHIPPED_FUSED there: d=64 and d=128, causal and not) on calls of at least this many
+# queries and at least this many keys.
+# Under sustained load on an H200, against the split backward in one rotation
+# (docs/results/h200/fused_gate/README.md): at seq 4096 1.02x (d=64 not causal), 1.03x (d=64 causal), 1.06x
+# (d=128 causal) and 0.99x-1.0x (d=128 not causal, within 1.5 % of a second copy of the split one); at seq
+# 2048 0.94x-0.99x (its 128-key programs see too few query tiles there). Its dQ comes from atomic fp32 adds,
+# so unlike the split backward's it can differ in the last bits from run to run; gluon_fused=False keeps the
+# split backward.
 FUSED_MIN_SEQ = 4096
 
 # The Gluon forward (kernels/flash_gluon.py, SHIPPED_FWD: d=128) runs on calls of at least this many queries
