@@ -12,8 +12,9 @@ rotation (`--pass bwd` times their backward alone: autograd.grad on a kept graph
     python -m benchmarks.flash_ab --options head_group=8 --baseline-options head_group=1 \
         --variant all:head_group=65536 --sdpa cudnn --out grid_order.json
 
-`--fuse 64` also runs the fused Gluon backward on non-causal d=64 calls, where it does not ship, for every
-version with gluon_fused on (SHIPPED_FUSED set for the process):
+`--fuse D[,causal]` also runs the fused Gluon backward at a head dim and mask where SHIPPED_FUSED (in
+kernels/flash_gluon_bwd.py) leaves it out, for every version with gluon_fused on, at the shipped config;
+this is how non-causal d=64 was timed before it shipped (docs/results/h200/fused_gate/README.md):
 
     python -m benchmarks.flash_ab --pass bwd --fuse 64 --options gluon_fused=true \
         --baseline-options gluon_fused=false --label split --shape 2,32,8192,64 --out fused_nc64.json
@@ -236,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="cudnn,flash",
                     help="SDPA backends to time in the same rotation")
     ap.add_argument("--fuse", action="append", type=parse_fuse, default=[], metavar="D[,causal]",
-                    help="also run the fused backward at this head dim and mask (not shipped there) wherever "
-                         "gluon_fused is on, at the shipped config (repeatable)")
+                    help="also run the fused backward at this head dim and mask, if SHIPPED_FUSED leaves it out, "
+                         "wherever gluon_fused is on, at the shipped config (repeatable)")
     ap.add_argument("--label", default=None, help="name of the baseline in the output (default: file name)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=30, help="calls a version a round (without --sustain-ms)")

@@ -204,8 +204,9 @@ def test_a_fused_key_parses_and_bad_ones_are_named():
 def test_fusing_a_key_ships_the_fused_kernel_there_for_this_process_only(monkeypatch):
     from kernels import flash_gluon_bwd as gb
 
-    monkeypatch.setattr(gb, "SHIPPED_FUSED", dict(gb.SHIPPED_FUSED))
-    assert gb.shipped_config("fused", 64, False) is None
+    # a table without non-causal d=64 (as it stood before that shipped)
+    monkeypatch.setattr(gb, "SHIPPED_FUSED", {key: cfg for key, cfg in gb.SHIPPED_FUSED.items() if key != (64, False)})
+    assert gb.shipped_config("fused", 64, False) is None and "64,nc" not in ship_fused([])
     report = ship_fused([(64, False)])
     assert gb.shipped_config("fused", 64, False) == gb.FUSED_CONFIG_WS
     assert report["64,nc"] == list(gb.FUSED_CONFIG_WS) and report["64,causal"] == list(gb.SHIPPED_FUSED[(64, True)])
