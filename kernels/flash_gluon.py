@@ -652,7 +652,8 @@ class Config(NamedTuple):
 # second copy of it, 1.10x-1.14x the Triton forward and 0.95x-1.08x cuDNN's on four d=128 shapes of seq
 # 4096-16384 (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots, and the fused
 # backward at d=128 in halves").
-SHIPPED_FWD = {(128, True): Config(128, 128, 3, 4, "ws"), (128, False): Config(128, 128, 3, 4, "ws")}
+FWD_CONFIG_WS = Config(128, 128, 3, 4, "ws")
+SHIPPED_FWD = {(128, True): FWD_CONFIG_WS, (128, False): FWD_CONFIG_WS}
 
 
 def shipped_config(head_dim: int, is_causal: bool) -> Config | None:
