@@ -816,22 +816,25 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
     # kernels accumulate the same fp32 products in the same order (query tiles ascending, 16-wide matmul
     # steps), so the gradients are bit-identical to the Triton kernel's, on ragged tiles too, first call
     # and planned replay alike; at d=64 the autotuned Triton tile may step otherwise, so dK and dV agree
-    # to rounding, every row written
+    # to rounding, every row written. The split backward throughout: from FUSED_MIN_SEQ the default is the
+    # fused kernel, whose dQ adds land in any order
     import kernels.flash_triton as ft
 
     q, k, v, do = _sm90_inputs(shape, seed=4)
-    assert ft._gluon_config("dkdv", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), ft.DEFAULT_OPTIONS) is not None
+    split = ft.LaunchOptions(gluon_fused=False)
+    assert ft._gluon_config("dkdv", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), split) is not None
     o, lse = flash_attention_forward(q, k, v, causal)
     ft.clear_launch_plans()
-    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
+    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal,
+                                       options=ft.LaunchOptions(gluon_dkdv=False, gluon_fused=False))
     for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
-        got = ft.flash_attention_backward(q, k, v, o, lse, do, causal)
+        got = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=split)
         for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
             if shape[-1] == 128 or name == "dq":
                 assert torch.equal(a, b), name
             else:
                 assert torch.isfinite(a).all() and (a.float() - b.float()).abs().max().item() < 1e-2, name
-    plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == ft.DEFAULT_OPTIONS.key)]
+    plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == split.key)]
     assert all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
 
 
@@ -903,17 +906,19 @@ def test_gpu_gluon_forward_with_kv_barriers_of_their_own_gives_the_shared_barrie
 def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape, causal):
     # LaunchOptions(gluon_dq=True) launches the Gluon dQ kernel (which writes Delta too): the backward's dQ
     # equals that kernel's own launcher's bit for bit, on the first call and the plan's replay; dK and dV,
-    # from its Delta, stay within rounding of the Triton-only backward's, every row written
+    # from its Delta, stay within rounding of the Triton-only backward's, every row written (the split
+    # backward: from FUSED_MIN_SEQ the default is the fused kernel, which has no dQ kernel)
     import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
 
     q, k, v, do = _sm90_inputs(shape, seed=5)
-    on = ft.LaunchOptions(gluon_dq=True)
+    on = ft.LaunchOptions(gluon_dq=True, gluon_fused=False)
     o, lse = flash_attention_forward(q, k, v, causal)
     assert ft._gluon_config("dq", causal, *(ft._as_zhnd(t) for t in (q, k, v, do)), on, ft._as_zhnd(o)) is not None
     want_dq, _ = gb.dq(q, k, v, o, do, lse, causal, gb.shipped_config("dq", 128, causal),
                        out=(torch.full_like(q, float("nan")), torch.full_like(lse, float("nan"))))
-    triton_only = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=ft.LaunchOptions(gluon_dkdv=False))
+    triton_only = ft.flash_attention_backward(q, k, v, o, lse, do, causal,
+                                              options=ft.LaunchOptions(gluon_dkdv=False, gluon_fused=False))
     ft.clear_launch_plans()
     for _ in range(2):  # the first call (through Gluon's launcher), then the plan's direct launch
         got = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=on)
