@@ -103,11 +103,12 @@ def _descriptors(Q, K, V, z, h, stride_qz, stride_qh, stride_qm, stride_kz, stri
 @gluon.jit
 def _key_tiles(start_m, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(n_iter, hi_unmasked): the program visits key tiles [0, n_iter), and those from hi_unmasked on
-    cross the causal diagonal or the ragged end (masked). BLOCK_N divides BLOCK_M and start_m."""
+    cross the causal diagonal or the ragged end (masked). Causal, the first masked tile is the one holding
+    key start_m: with 192 rows and 128-key tiles (three consumers), start_m = 192 falls inside tile 1."""
     n_full = (n_k // BLOCK_N) * BLOCK_N
     if IS_CAUSAL:
         hi = gl.minimum(start_m + BLOCK_M, n_k)
-        hi_unmasked = gl.minimum(start_m, n_full)
+        hi_unmasked = gl.minimum(start_m // BLOCK_N * BLOCK_N, n_full)
     else:
         hi = n_k
         hi_unmasked = n_full
@@ -451,6 +452,9 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s slot is released as soon as
     S(t) is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot, released after the P V."""
     rows: gl.constexpr = q_smem.type.shape[1]
+    # three consumers have 160 registers each (WS_CONSUMER_REGS): P is carried to the next step's P V in
+    # 16 bits (64 x 128 scores: 32 registers a thread, not 64), beside S (64) and O (32 at d=64)
+    NARROW_P: gl.constexpr = q_smem.type.shape[0] > 2
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     first_row = start_m + WHICH * rows
@@ -460,6 +464,8 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     mbarrier.wait(ready_bars.index(0), 0)  # (K(0)'s barrier either way)
     p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
                               IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
+    if NARROW_P:
+        p = p.to(q_smem.dtype)
     if SPLIT_KV:
         mbarrier.arrive(empty_bars.index(0), count=1)
     acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
@@ -472,6 +478,8 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
                                             t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
                                             IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
                                             empty_bars.index(t % STAGES), SPLIT_KV)
+        if NARROW_P:
+            p = p.to(q_smem.dtype)
         # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
         mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
     last = (n_iter - 1) % STAGES
@@ -532,7 +540,21 @@ def _fwd_ws_kernel(Q, K, V, O, L,
     o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
     l_base = L + pid_zh.to(gl.int64) * n_q
     # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
-    if CONSUMERS == 2:
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            STAGES, PINGPONG, Q_REGS, SPLIT_KV, 0)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            STAGES, PINGPONG, Q_REGS, SPLIT_KV, 1)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            STAGES, PINGPONG, Q_REGS, SPLIT_KV, 2)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
+                          n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, 24])
+    elif CONSUMERS == 2:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
                             l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
@@ -554,16 +576,20 @@ def _fwd_ws_kernel(Q, K, V, O, L,
 def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2,
                  warp_specialized: bool = False) -> str | None:
     """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can.
-    Warp-specialised: block_m is WG_ROWS per consumer warpgroup (64 or 128 rows), num_warps 4 (each's)."""
+    Warp-specialised: block_m is WG_ROWS per consumer warpgroup (64, 128 or 192 rows), num_warps 4 (each's),
+    and block_n 64 or 128 whatever the rows (each consumer masks its own rows; _key_tiles)."""
     if warp_specialized:
-        if num_warps != 4 or block_m not in (WG_ROWS, 2 * WG_ROWS):
-            return (f"warp-specialised config {block_m} rows, {num_warps} warps: one or two consumer warpgroups of "
-                    f"{WG_ROWS} rows and 4 warps each ({WG_ROWS} or {2 * WG_ROWS} rows, num_warps 4)")
+        rows = tuple(c * WG_ROWS for c in WS_MAXNREG)
+        if num_warps != 4 or block_m not in rows:
+            return (f"warp-specialised config {block_m} rows, {num_warps} warps: one to {len(rows)} consumer "
+                    f"warpgroups of {WG_ROWS} rows and 4 warps each ({', '.join(map(str, rows))} rows, num_warps 4)")
+        if block_n not in (64, 128):
+            return f"block_n {block_n}: 64 or 128 keys a step for the warp-specialised kernel"
     elif num_warps not in (4, 8):
         return f"num_warps {num_warps}: the kernel takes 4 or 8 (one or two warpgroups)"
     if block_m % (16 * num_warps) or block_m > 256:
         return f"block_m {block_m}: a multiple of 16 x num_warps ({16 * num_warps}) up to 256"
-    if block_n not in (32, 64, 128, 256) or block_m % block_n:
+    if block_n not in (32, 64, 128, 256) or (block_m % block_n and not warp_specialized):
         return f"block_n {block_n}: 32, 64, 128 or 256, dividing block_m {block_m}"
     if stages < 2:
         return f"stages {stages}: at least 2 (a slot is refilled only after its tile is used)"
@@ -594,8 +620,10 @@ def supported(*tensors: torch.Tensor, what: str = "the Gluon forward", names: st
 # but 24 and the consumers take the rest, 240 as in FA-3 (2 x 128 x 240 + 128 x 24 = 64,512). At 232
 # the 128-key consumer at d=128 spilled 24 B a thread; at 240 it holds S, P and O with none
 # (flash_sass --gluon 128,128,2,4,ws --head-dim 128). One consumer: 128, so two programs fit on an SM.
-WS_MAXNREG = {1: 128, 2: 168}
-WS_CONSUMER_REGS = 240
+# Three (FA-3's forward at d=64: 192 rows a program): 16 warps, 128 each; the consumers take 160
+# (3 x 128 x 160 + 128 x 24 = 64,512).
+WS_MAXNREG = {1: 128, 2: 168, 3: 128}
+WS_CONSUMER_REGS = {1: 240, 2: 240, 3: 160}  # (one consumer: the default partition, which keeps WS_MAXNREG)
 
 
 def _check_mode(mode: str) -> None:
@@ -626,7 +654,7 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     if warp_specialized:
         consumers = block_m // WG_ROWS
         return (_fwd_ws_kernel,
-                dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS,
+                dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS[consumers],
                      PINGPONG=mode == "pingpong", Q_REGS=q_regs, SPLIT_KV=split_kv),
                 {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     return (_fwd_kernel,

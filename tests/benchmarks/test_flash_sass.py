@@ -102,6 +102,17 @@ def test_the_warp_specialised_forward_has_a_loop_per_consumer_and_a_producer_wit
         assert loop[:3] == ["dot:s_tok", "dot:o_tok", "wait:1"], loop
 
 
+def test_three_consumers_at_d64_each_keep_p_v_in_flight_and_do_not_spill_at_160_registers(tmp_path):
+    r = _run("--gluon", "192,128,2,4,ws", "--head-dim", "64", "--causal", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "gluon_fwd_192_128_2_4_ws_d64.json").read_text())
+    consumers = [loop for loop in report["loops"] if any(op.startswith("dot:") for op in loop)]
+    assert len(consumers) == 3, report["loops"]
+    assert report["stack_bytes"] == 0  # S (64 registers), P in 16 bits (32) and O (32) within 160
+    for loop in consumers:
+        assert loop[:3] == ["dot:s_tok", "dot:o_tok", "wait:1"], loop
+
+
 def test_the_kv_mode_keeps_the_consumer_loops_and_adds_a_barrier_pair_a_slot(tmp_path):
     reports = {}
     for mode in ("ws", "ws-kv"):

@@ -902,6 +902,27 @@ def test_gpu_gluon_forward_with_kv_barriers_of_their_own_gives_the_shared_barrie
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [(192, 128, 2, 4, "ws"), (192, 128, 4, 4, "ws-kv"), (192, 64, 4, 4, "ws")])
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 64), True), ((1, 3, 4097, 64), False),
+                                               ((1, 3, 4097, 64), True), ((1, 2, 200, 64), True),
+                                               ((1, 2, 130, 64), False)])
+def test_gpu_gluon_forward_with_three_consumers_gives_the_triton_forwards_output_in_every_row(cfg, shape, causal):
+    # 192 rows a program with 128-key tiles: the causal diagonal falls inside a key tile (_key_tiles), a
+    # consumer's rows may see none of a tile's keys, a program may hold fewer rows than its consumers do;
+    # every row within rounding of the Triton forward, L too
+    import kernels.flash_gluon as fg
+    import kernels.flash_triton as ft
+
+    q, k, v, _ = _sm90_inputs(shape, seed=9)
+    *tile, mode = cfg
+    got_o, got_l = fg.flash_attention_forward(q, k, v, causal, *tile, mode=mode)
+    tri_o, tri_l = ft.flash_attention_forward(q, k, v, causal)
+    row_err = (got_o.float() - tri_o.float()).abs().amax(dim=-1)
+    assert torch.isfinite(got_o).all() and row_err.max().item() < 1e-2
+    assert (got_l - tri_l).abs().max().item() < 1e-4
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
 def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape, causal):
     # LaunchOptions(gluon_dq=True) launches the Gluon dQ kernel (which writes Delta too): the backward's dQ

@@ -27,21 +27,32 @@ def test_bad_configs_are_named(cfg, named):
     assert why is not None and named in why
 
 
-@pytest.mark.parametrize("cfg", [(128, 128, 2, 4), (128, 64, 4, 4), (64, 64, 3, 4), (128, 128, 3, 4)])
-def test_warp_specialised_configs_are_one_or_two_warpgroups_of_64_rows(cfg):
-    # (128, 128, 3, 4): 224 KiB, over the budget of the kernels that share an SM, within WS_SMEM_BUDGET
+@pytest.mark.parametrize("cfg", [(128, 128, 2, 4), (128, 64, 4, 4), (64, 64, 3, 4), (128, 128, 3, 4),
+                                 (192, 128, 2, 4), (192, 64, 4, 4), (64, 128, 2, 4)])
+def test_warp_specialised_configs_are_one_to_three_warpgroups_of_64_rows(cfg):
+    # (128, 128, 3, 4): 224 KiB, over the budget of the kernels that share an SM, within WS_SMEM_BUDGET;
+    # 192 rows with 128-key tiles: the tiles need not divide the rows (each consumer masks its own)
     assert flash_gluon.config_error(128, *cfg, warp_specialized=True) is None
 
 
 @pytest.mark.parametrize(("cfg", "named"), [
     ((128, 128, 2, 8), "8 warps"),       # each consumer is one warpgroup of 4 warps
-    ((192, 64, 2, 4), "192 rows"),       # three consumers: the empty barriers count two at most
-    ((64, 128, 2, 4), "block_n 128"),    # the causal diagonal: block_n must divide the rows
+    ((256, 64, 2, 4), "256 rows"),       # four consumers: no registers left for them (WS_MAXNREG)
+    ((128, 32, 2, 4), "block_n 32"),     # 64 or 128 keys a step
     ((128, 128, 4, 4), "294912 bytes"),  # Q and four 128-key slots at d=128: over the 227 KiB a block has
 ])
 def test_bad_warp_specialised_configs_are_named(cfg, named):
     why = flash_gluon.config_error(128, *cfg, warp_specialized=True)
     assert why is not None and named in why
+
+
+def test_three_consumers_get_the_registers_of_a_sixteen_warp_block():
+    kernel, config, options = flash_gluon.launch_spec(64, 192, 128, 2, 4, "ws")
+    assert kernel is flash_gluon._fwd_ws_kernel and config["CONSUMERS"] == 3
+    # 16 warps (the producer's warpgroup counted whole) x 32 threads x 128 = the 64K registers of an SM,
+    # and the consumers' 160 with the producer's 24 fit in them
+    assert options == {"num_warps": 4, "maxnreg": 128} and config["CONSUMER_REGS"] == 160
+    assert 3 * 128 * config["CONSUMER_REGS"] + 128 * 24 <= 65536
 
 
 def test_an_unknown_mode_is_named():
