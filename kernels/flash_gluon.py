@@ -681,7 +681,13 @@ class Config(NamedTuple):
 # 4096-16384 (docs/results/h100/gluon_paths/README.md, "The d=128 forward with three slots, and the fused
 # backward at d=128 in halves").
 FWD_CONFIG_WS = Config(128, 128, 3, 4, "ws")
-SHIPPED_FWD = {(128, True): FWD_CONFIG_WS, (128, False): FWD_CONFIG_WS}
+# d=64: three consumers of 64 rows (192 a program, FA-3's forward at d=64), 128-key tiles, four K/V slots at
+# 160 registers a consumer. Under sustained load on an H100, in one rotation with the Triton forward, a second
+# copy of it and cuDNN: 1.05x-1.11x the Triton forward from seq 4096 but causal at 4096 (0.996x), 1.03x-1.08x
+# cuDNN's from seq 8192 (docs/results/h100/fwd_d64/README.md).
+FWD_CONFIG_WS_D64 = Config(192, 128, 4, 4, "ws")
+SHIPPED_FWD = {(128, True): FWD_CONFIG_WS, (128, False): FWD_CONFIG_WS,
+               (64, True): FWD_CONFIG_WS_D64, (64, False): FWD_CONFIG_WS_D64}
 
 
 def shipped_config(head_dim: int, is_causal: bool) -> Config | None:

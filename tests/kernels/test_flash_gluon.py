@@ -128,7 +128,10 @@ def test_the_forward_takes_the_gluon_kernel_where_it_ships_unless_told_not_to(mo
         assert ft._gluon_config("fwd", causal, *views, None, on) == flash_gluon.shipped_config(128, causal)
         assert flash_gluon.shipped_config(128, causal).mode == "ws"
     d64 = [ft._as_zhnd(torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)) for _ in range(3)]
-    assert ft._gluon_config("fwd", True, *d64, None, on) is None  # not in SHIPPED_FWD
+    assert ft._gluon_config("fwd", True, *d64, None, on) == flash_gluon.FWD_CONFIG_WS_D64  # three consumers
+    assert flash_gluon.FWD_CONFIG_WS_D64.block_m == 3 * flash_gluon.WG_ROWS
+    d32 = [ft._as_zhnd(torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)) for _ in range(3)]
+    assert ft._gluon_config("fwd", True, *d32, None, on) is None  # not in SHIPPED_FWD
     for off in (ft.LaunchOptions(gluon_fwd=False), ft.LaunchOptions(tma=False),
                 ft.LaunchOptions(pinned={"fwd": ft.make_config(64, 64, 4, 2)})):
         assert ft._gluon_config("fwd", True, *views, None, off) is None, off
