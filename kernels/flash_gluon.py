@@ -20,15 +20,19 @@ mbarrier the copy engine signals. Two kernels run that loop:
                   t - 1 + STAGES once the block is done with tile t - 1 (a block barrier first when
                   the program has two warpgroups, which both read every tile); OVERLAP=False runs the
                   plain order instead (S, softmax, P V, each matmul waited for at once)
-  _fwd_ws_kernel  warp-specialised as FA-3 is: a producer warp issues every copy, one or two consumer
-                  warpgroups (240 registers each) run the loop on their own and release slots through
-                  mbarriers, PINGPONG makes the two take turns to issue their matmuls, and SPLIT_KV
-                  gives K and V slots barriers of their own, so K(t)'s slot refills once S(t) is done
+  _fwd_ws_kernel  warp-specialised as FA-3 is: a producer warp issues every copy, one to three consumer
+                  warpgroups of 64 rows (240 registers each for one or two, 160 for three) run the loop
+                  on their own and release slots through mbarriers, PINGPONG makes two take turns to
+                  issue their matmuls, and SPLIT_KV gives K and V slots barriers of their own, so K(t)'s
+                  slot refills once S(t) is done
 
-The warp-specialised kernel with 128-key tiles and three slots is what flash_triton's forward launches at
-d=128 (SHIPPED_FWD): under sustained load on an H100 it ran 1.10x-1.14x the Triton forward, 0.95x-1.08x
-cuDNN's (docs/results/h100/gluon_paths/README.md). The other configs and modes are studies: within about
-10 % of the Triton forward at d=128 and slower at d=64 (docs/results/h200/flash_gluon/README.md). Their
+The warp-specialised kernel with 128-key tiles is what flash_triton's forward launches (SHIPPED_FWD): at
+d=128 two consumers and three slots, which under sustained load on an H100 ran 1.10x-1.14x the Triton
+forward, 0.95x-1.08x cuDNN's (docs/results/h100/gluon_paths/README.md); at d=64 three consumers (192 rows a
+program, FA-3's d=64 forward) and four slots, 1.05x-1.14x the Triton forward and 1.01x-1.11x cuDNN's from
+seq 8192 (docs/results/h100/fwd_d64/README.md), where two consumers had been slower than the Triton
+forward. The other configs and modes are studies: within about 10 % of the Triton forward at d=128 and
+slower at d=64 (docs/results/h200/flash_gluon/README.md). Their
 helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too, whose
 kernels the backward launches at d=128.
 
@@ -683,8 +687,8 @@ class Config(NamedTuple):
 FWD_CONFIG_WS = Config(128, 128, 3, 4, "ws")
 # d=64: three consumers of 64 rows (192 a program, FA-3's forward at d=64), 128-key tiles, four K/V slots at
 # 160 registers a consumer. Under sustained load on an H100, in one rotation with the Triton forward, a second
-# copy of it and cuDNN: 1.06x-1.11x the Triton forward from seq 4096 but causal at 4096 (0.956x, so causal
-# calls take it from 8192: SHIPPED_FWD_MIN_SEQ), 1.02x-1.09x cuDNN's from seq 8192
+# copy of it and cuDNN: 1.05x-1.14x the Triton forward from seq 4096 but causal at 4096 (0.956x, so causal
+# calls take it from 8192: SHIPPED_FWD_MIN_SEQ), 1.01x-1.11x cuDNN's from seq 8192
 # (docs/results/h100/fwd_d64/README.md).
 FWD_CONFIG_WS_D64 = Config(192, 128, 4, 4, "ws")
 SHIPPED_FWD = {(128, True): FWD_CONFIG_WS, (128, False): FWD_CONFIG_WS,
