@@ -45,17 +45,19 @@ from kernels.names import FLASH_KERNELS
 SHAPES = [((16, 16384, 64), True), ((8, 16, 2048, 64), True), ((8, 16, 2048, 128), False), ((1, 16, 16384, 128), True)]
 
 
-def load_module(path: Path, name: str = "flash_baseline"):
-    """Import a flash_triton.py from a file path under its own module name."""
+def load_module(path: Path, name: str = "flash_baseline", needs: tuple[str, ...] = ("flash_attention_forward",
+                "FlashAttentionTriton"), what: str = "flash_triton"):
+    """Import a flash_triton.py (or, with `needs` and `what`, another kernel module) from a file path under
+    its own module name."""
     if not path.is_file():
         raise FileNotFoundError(f"baseline file {path} does not exist")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses (LaunchOptions) look their module up while being defined
     spec.loader.exec_module(module)
-    for attr in ("flash_attention_forward", "FlashAttentionTriton"):
+    for attr in needs:
         if not hasattr(module, attr):
-            raise AttributeError(f"{path} has no {attr}: not a flash_triton module")
+            raise AttributeError(f"{path} has no {attr}: not a {what} module")
     return module
 
 

@@ -13,6 +13,13 @@ speed-ups are then of the rounds' medians, not of the best round.
         --shape 4,16,4096,128,causal --sdpa cudnn --out gluon_ab.json
     python -m benchmarks.flash_gluon_ab --config 64,64,3,4 --config 64,64,3,4,overlap-rs --sustain-ms 500 \
         --rounds 5 --shape 4,16,4096,128 --sdpa cudnn --out gluon_rs.json
+
+`--baseline FILE` (another version of kernels/flash_gluon.py) times that version's forward at every
+config too, in the same rotation (base_<config>), and gives each config's speed-up over it:
+
+    git show cc8ed00:kernels/flash_gluon.py > /tmp/gluon_base.py
+    python -m benchmarks.flash_gluon_ab --baseline /tmp/gluon_base.py --config 192,128,4,4,ws \
+        --shape 4,32,4096,64,causal --sustain-ms 300 --out own_diagonal.json
 """
 from __future__ import annotations
 
@@ -20,7 +27,16 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_sdpa, parse_shape, record_cell, round_stat, time_calls, write_report
+from benchmarks.flash_ab import (
+    _sdpa_call,
+    load_module,
+    parse_sdpa,
+    parse_shape,
+    record_cell,
+    round_stat,
+    time_calls,
+    write_report,
+)
 from kernels.names import GLUON_MODES
 
 SHAPES = [((4, 16, 4096, 128), True), ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True),
@@ -44,6 +60,16 @@ def parse_config(text: str) -> tuple[int, int, int, int, str]:
 
 def config_name(cfg: tuple[int, int, int, int, str]) -> str:
     return "gluon_" + "x".join(map(str, cfg[:4])) + ("" if cfg[4] == "overlap" else f"_{cfg[4]}")
+
+
+BASE_PREFIX = "base_"  # a config's name with the --baseline version's forward
+
+
+def speedups_vs_baseline(best: dict[str, float]) -> dict[str, float]:
+    """Each config's speed-up over the same config of the --baseline version (> 1: this tree's is faster),
+    for the configs both versions ran."""
+    return {name: best[BASE_PREFIX + name] / t for name, t in best.items()
+            if not name.startswith(BASE_PREFIX) and BASE_PREFIX + name in best}
 
 
 def forward_call(forward, q, k, v, causal: bool, **knobs):
@@ -124,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--null", action="store_true",
                     help="time a second copy of the Triton forward too (triton_copy): the spread of a version "
                          "against itself, beside every speed-up")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another kernels/flash_gluon.py: its forward at every config too (base_<config>)")
     add_run_args(ap)
     args = ap.parse_args(argv)
     check_run_args(ap, args)
@@ -132,11 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import flash_gluon, flash_triton
     from worker.harness import fingerprint
 
+    versions = {"": flash_gluon}
+    if args.baseline is not None:
+        try:
+            versions[BASE_PREFIX] = load_module(args.baseline, "flash_gluon_baseline",
+                                                ("flash_attention_forward", "launch_spec"), "flash_gluon")
+        except (FileNotFoundError, AttributeError) as exc:
+            ap.error(str(exc))
+
     out = Path(args.out)
     sustained = args.sustain_ms is not None
     configs = args.config or CONFIGS
     report = {"kind": "flash_gluon_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
-              "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
+              "baseline": str(args.baseline) if args.baseline else None, "sdpa": args.sdpa, "rounds": args.rounds,
+              "repeats": args.repeats, "head_start": args.head_start,
               "sustain_ms": args.sustain_ms, "speedup_of": "median of rounds" if sustained else "best round",
               "cells": []}
     for shape, causal in args.shape or SHAPES:
@@ -148,14 +185,16 @@ def main(argv: list[str] | None = None) -> int:
             calls["triton_copy"] = forward_call(flash_triton.flash_attention_forward, q, k, v, causal)
         for cfg in configs:
             bm, bn, stages, warps, mode = cfg
-            call = forward_call(flash_gluon.flash_attention_forward, q, k, v, causal, block_m=bm, block_n=bn,
-                                stages=stages, num_warps=warps, head_group=args.head_group, mode=mode)
-            try:
-                call()
-                torch.cuda.synchronize()
-                calls[config_name(cfg)] = call
-            except Exception as exc:  # noqa: BLE001 - a failed config is a result: record it, time the rest
-                cell["failed"][config_name(cfg)] = f"{type(exc).__name__}: {exc}"[:2000]
+            for prefix, module in versions.items():
+                name = prefix + config_name(cfg)
+                call = forward_call(module.flash_attention_forward, q, k, v, causal, block_m=bm, block_n=bn,
+                                    stages=stages, num_warps=warps, head_group=args.head_group, mode=mode)
+                try:
+                    call()
+                    torch.cuda.synchronize()
+                    calls[name] = call
+                except Exception as exc:  # noqa: BLE001 - a failed config is a result: record it, time the rest
+                    cell["failed"][name] = f"{type(exc).__name__}: {exc}"[:2000]
         q3, k3, v3 = (as_pairs(t) for t in (q, k, v))
         refs = {zh: reference(q3, k3, v3, causal, zh) for zh in (0, q3.shape[0] - 1)}
         outs = {name: call() for name, call in calls.items()}
@@ -170,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             calls[f"sdpa_{backend}"] = _sdpa_call(backend, "fwd", q, k, v, q, causal)  # q: the unused gradient slot
         best = time_cell(cell, calls, args)
         cell["speedup_vs_triton"] = {name: best["triton"] / t for name, t in best.items() if name != "triton"}
+        if args.baseline is not None:
+            cell["speedup_vs_baseline"] = speedups_vs_baseline(best)
         for backend in args.sdpa:
             cell[f"speedup_vs_sdpa_{backend}"] = {name: best[f"sdpa_{backend}"] / t for name, t in best.items()}
         record_cell(report, cell, out)

@@ -462,45 +462,61 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     first_row = start_m + WHICH * rows
+    # The program's tiles [0, n_iter) are every consumer's; this one computes [0, n_mine). Causal, its rows
+    # see no key past its own diagonal (with 192 rows and 128-key tiles the program's last tile can lie
+    # wholly past consumer 0's), and a consumer whose rows all lie past n_q computes nothing. It releases
+    # the tiles it skips unread, after its own, as the producer refills a slot only once every consumer
+    # has. Ping-pong keeps the two consumers on every tile in turns.
+    n_mine = n_iter
+    if not PINGPONG:
+        n_mine, hi_unmasked = _key_tiles(first_row, n_k, rows, BLOCK_N, IS_CAUSAL)
+        n_mine = gl.where(first_row < n_q, n_mine, 0)
 
     mbarrier.wait(q_bar, 0)
-    q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
-    mbarrier.wait(ready_bars.index(0), 0)  # (K(0)'s barrier either way)
-    p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
-                              IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
-    if NARROW_P:
-        p = p.to(q_smem.dtype)
-    if SPLIT_KV:
-        mbarrier.arrive(empty_bars.index(0), count=1)
-    acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
-    for t in range(1, n_iter):
-        prev = (t - 1) % STAGES
-        mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
-        if SPLIT_KV:
-            mbarrier.wait(_kv_bar(ready_bars, prev, True, STAGES, True), ((t - 1) // STAGES) & 1)
-        p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
-                                            t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
-                                            IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
-                                            empty_bars.index(t % STAGES), SPLIT_KV)
+    if n_mine > 0:
+        q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
+        mbarrier.wait(ready_bars.index(0), 0)  # (K(0)'s barrier either way)
+        p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
+                                  IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
         if NARROW_P:
             p = p.to(q_smem.dtype)
-        # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
-        mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
-    last = (n_iter - 1) % STAGES
-    if SPLIT_KV:
-        mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((n_iter - 1) // STAGES) & 1)
-    _my_turn(turn_bars, n_iter, WHICH, PINGPONG)
-    acc = _pv(p, v_smem.index(last), acc, o_layout)
-    _their_turn(turn_bars, WHICH, PINGPONG)
-    mbarrier.arrive(_kv_bar(empty_bars, last, True, STAGES, SPLIT_KV), count=1)
+        if SPLIT_KV:
+            mbarrier.arrive(empty_bars.index(0), count=1)
+        acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
+        for t in range(1, n_mine):
+            prev = (t - 1) % STAGES
+            mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
+            if SPLIT_KV:
+                mbarrier.wait(_kv_bar(ready_bars, prev, True, STAGES, True), ((t - 1) // STAGES) & 1)
+            p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
+                                                t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
+                                                IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
+                                                empty_bars.index(t % STAGES), SPLIT_KV)
+            if NARROW_P:
+                p = p.to(q_smem.dtype)
+            # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
+            mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
+        last = (n_mine - 1) % STAGES
+        if SPLIT_KV:
+            mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((n_mine - 1) // STAGES) & 1)
+        _my_turn(turn_bars, n_mine, WHICH, PINGPONG)
+        acc = _pv(p, v_smem.index(last), acc, o_layout)
+        _their_turn(turn_bars, WHICH, PINGPONG)
+        mbarrier.arrive(_kv_bar(empty_bars, last, True, STAGES, SPLIT_KV), count=1)
 
-    out, lse = _finish(acc, m_i, l_i, o_layout)
-    offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
-    gl.store(L + offs_m, lse, mask=offs_m < n_q)
-    offs_om = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
-    gl.store(o_ptrs, out.to(q_smem.dtype), mask=gl.expand_dims(offs_om < n_q, 1))
+        out, lse = _finish(acc, m_i, l_i, o_layout)
+        offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
+        gl.store(L + offs_m, lse, mask=offs_m < n_q)
+        offs_om = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
+        gl.store(o_ptrs, out.to(q_smem.dtype), mask=gl.expand_dims(offs_om < n_q, 1))
+    for t in range(n_mine, n_iter):  # past this consumer's rows: wait for each tile, release it unread
+        mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
+        mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
+        if SPLIT_KV:
+            mbarrier.wait(_kv_bar(ready_bars, t % STAGES, True, STAGES, True), (t // STAGES) & 1)
+            mbarrier.arrive(_kv_bar(empty_bars, t % STAGES, True, STAGES, True), count=1)
 
 
 @gluon.jit

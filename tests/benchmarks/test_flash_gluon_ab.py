@@ -1,4 +1,5 @@
-"""flash_gluon_ab's configs parse, its accuracy check sees a single wrong row, and its rounds rotate the calls."""
+"""flash_gluon_ab's configs parse, its accuracy check sees a single wrong row, its rounds rotate the calls, and a
+baseline version is checked before anything runs and compared config by config."""
 import argparse
 import math
 
@@ -89,3 +90,23 @@ def test_a_cell_counts_the_median_round_when_sustained_and_the_best_in_turns(mon
     assert flash_gluon_ab.time_cell(cell, calls, argparse.Namespace(**{**vars(run), "sustain_ms": None})) == {
         "a": 1.0, "b": 4.0}
     assert cell["host_ms"] == {"a": [0.1], "b": [0.1]}
+
+
+def test_a_baseline_that_is_not_a_gluon_forward_module_is_named_before_anything_runs(tmp_path, capsys):
+    from benchmarks.flash_gluon_ab import main
+
+    other = tmp_path / "other.py"
+    other.write_text("def flash_attention_forward(*args):\n    pass\n")  # no launch_spec
+    for path, named in ((tmp_path / "missing.py", "does not exist"), (other, "not a flash_gluon module")):
+        with pytest.raises(SystemExit):
+            main(["--baseline", str(path), "--out", str(tmp_path / "r.json")])
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_each_config_is_compared_with_the_baselines_own_run_of_it():
+    from benchmarks.flash_gluon_ab import speedups_vs_baseline
+
+    best = {"triton": 1.0, "gluon_192x128x4x4_ws": 0.9, "base_gluon_192x128x4x4_ws": 1.08,
+            "gluon_128x128x3x4_ws": 1.2, "sdpa_cudnn": 0.95}  # the 128-row config failed in the baseline
+    assert speedups_vs_baseline(best) == {"gluon_192x128x4x4_ws": pytest.approx(1.2)}
