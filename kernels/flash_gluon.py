@@ -703,25 +703,17 @@ class Config(NamedTuple):
 FWD_CONFIG_WS = Config(128, 128, 3, 4, "ws")
 # d=64: three consumers of 64 rows (192 a program, FA-3's forward at d=64), 128-key tiles, four K/V slots at
 # 160 registers a consumer. Under sustained load on an H100, in one rotation with the Triton forward, a second
-# copy of it and cuDNN: 1.05x-1.14x the Triton forward from seq 4096 but causal at 4096 (0.956x, so causal
-# calls take it from 8192: SHIPPED_FWD_MIN_SEQ), 1.01x-1.11x cuDNN's from seq 8192
+# copy of it and cuDNN: 1.05x-1.14x the Triton forward from seq 4096, 1.01x-1.11x cuDNN's from seq 8192. Causal
+# at 4096 it ran 0.956x until each consumer stopped at its own diagonal (_ws_consumer), then 1.036x
 # (docs/results/h100/fwd_d64/README.md).
 FWD_CONFIG_WS_D64 = Config(192, 128, 4, 4, "ws")
 SHIPPED_FWD = {(128, True): FWD_CONFIG_WS, (128, False): FWD_CONFIG_WS,
                (64, True): FWD_CONFIG_WS_D64, (64, False): FWD_CONFIG_WS_D64}
 
 
-# (head dim, causal) -> the shortest call (queries and keys) SHIPPED_FWD's config runs on, where that is
-# longer than flash_triton's gluon_fwd_min_seq: causal d=64 at seq 4096 ran 0.956x the Triton forward (192-row
-# programs compute 12.5 % more scores than the causal half there, the Triton tiles 3 %), at 8192 1.059x.
-SHIPPED_FWD_MIN_SEQ = {(64, True): 8192}
-
-
-def shipped_config(head_dim: int, is_causal: bool, seq: int | None = None) -> Config | None:
-    """The config flash_triton's forward launches this kernel at (SHIPPED_FWD) on a call whose queries and
-    keys are at least `seq` (None: any length), or None where it keeps the Triton kernel."""
-    if seq is not None and seq < SHIPPED_FWD_MIN_SEQ.get((head_dim, bool(is_causal)), 0):
-        return None
+def shipped_config(head_dim: int, is_causal: bool) -> Config | None:
+    """The config flash_triton's forward launches this kernel at (SHIPPED_FWD), or None where it keeps
+    the Triton kernel."""
     return SHIPPED_FWD.get((head_dim, bool(is_causal)))
 
 

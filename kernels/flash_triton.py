@@ -735,7 +735,7 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 FUSED_MIN_SEQ = 4096
 
 # The Gluon forward (kernels/flash_gluon.py, SHIPPED_FWD: d=64 and 128) runs on calls of at least this many
-# queries and keys (at causal d=64, SHIPPED_FWD_MIN_SEQ's 8192): it was timed from seq 4096 to 16384
+# queries and keys: it was timed from seq 4096 to 16384
 # (d=128: 1.10x-1.14x the Triton forward under sustained load on an H100, docs/results/h100/gluon_paths/
 # README.md; d=64: 1.05x-1.14x, docs/results/h100/fwd_d64/README.md); shorter calls keep the autotuned
 # Triton forward, whose tiles are picked per length.
@@ -766,8 +766,7 @@ class LaunchOptions:
                 with it read 0.975-1.014x the shipped one under sustained load on an H100
                 (docs/results/h100/flash_rs/README.md)
     gluon_fwd   the forward kernel is the Gluon one (kernels/flash_gluon.py) at d and mask in its SHIPPED_FWD
-                (d=64, 128), on calls of at least gluon_fwd_min_seq queries and keys (and its own
-                SHIPPED_FWD_MIN_SEQ), where _gluon_config allows
+                (d=64, 128), on calls of at least gluon_fwd_min_seq queries and keys, where _gluon_config allows
                 it (sm_90, 16-bit, tensors the copy engine takes, tma on, no pinned fwd config). False keeps
                 the Triton forward everywhere
     gluon_fwd_min_seq
@@ -1092,7 +1091,7 @@ def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchO
     except ImportError:  # a Triton without Gluon
         return None
     if which == "fwd":
-        cfg = flash_gluon.shipped_config(q4.shape[-1], is_causal, min(q4.shape[-2], k4.shape[-2]))
+        cfg = flash_gluon.shipped_config(q4.shape[-1], is_causal)
         return cfg if cfg is not None and flash_gluon.supported(q4, k4, v4) is None else None
     cfg = flash_gluon_bwd.shipped_config(which, q4.shape[-1], is_causal)
     if cfg is None or flash_gluon_bwd.supported(q4, k4, v4, do4) is not None:

@@ -116,14 +116,6 @@ def test_every_shipped_config_is_one_the_kernel_takes():
     assert flash_gluon.shipped_config(96, True) is None
 
 
-def test_causal_d64_takes_the_gluon_forward_only_from_its_own_length():
-    longer = flash_gluon.SHIPPED_FWD_MIN_SEQ[(64, True)]
-    assert flash_gluon.shipped_config(64, True, longer - 1) is None
-    assert flash_gluon.shipped_config(64, True, longer) == flash_gluon.FWD_CONFIG_WS_D64
-    assert flash_gluon.shipped_config(64, False, 1) == flash_gluon.FWD_CONFIG_WS_D64  # (gluon_fwd_min_seq's call)
-    assert flash_gluon.shipped_config(128, True, 1) == flash_gluon.FWD_CONFIG_WS
-
-
 def test_the_forward_takes_the_gluon_kernel_where_it_ships_unless_told_not_to(monkeypatch):
     import kernels.flash_triton as ft
 
@@ -136,9 +128,9 @@ def test_the_forward_takes_the_gluon_kernel_where_it_ships_unless_told_not_to(mo
         assert ft._gluon_config("fwd", causal, *views, None, on) == flash_gluon.shipped_config(128, causal)
         assert flash_gluon.shipped_config(128, causal).mode == "ws"
     d64 = [ft._as_zhnd(torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)) for _ in range(3)]
-    assert ft._gluon_config("fwd", False, *d64, None, on) == flash_gluon.FWD_CONFIG_WS_D64  # three consumers
+    for causal in (False, True):  # three consumers
+        assert ft._gluon_config("fwd", causal, *d64, None, on) == flash_gluon.FWD_CONFIG_WS_D64
     assert flash_gluon.FWD_CONFIG_WS_D64.block_m == 3 * flash_gluon.WG_ROWS
-    assert ft._gluon_config("fwd", True, *d64, None, on) is None  # causal d=64: from SHIPPED_FWD_MIN_SEQ
     d32 = [ft._as_zhnd(torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)) for _ in range(3)]
     assert ft._gluon_config("fwd", True, *d32, None, on) is None  # not in SHIPPED_FWD
     for off in (ft.LaunchOptions(gluon_fwd=False), ft.LaunchOptions(tma=False),
