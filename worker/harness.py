@@ -411,8 +411,9 @@ def _driver_version() -> str | None:
 def fingerprint(commit: str | None = None) -> dict[str, Any]:
     """Where a number was measured: host, GPU, driver, CUDA, torch, triton, Python, git commit.
 
-    `commit`, when given (BENCHLAB_COMMIT or a benchmark's --commit), wins over what git reports:
-    a GPU host may get a copy of the tree whose .git still points at an older commit.
+    `commit`, when given (the worker's settings.commit or a benchmark's --commit), else the BENCHLAB_COMMIT
+    environment variable (a benchmark run by hand), wins over what git reports: a GPU host may get a copy of
+    the tree whose .git still points at an older commit.
     """
     import torch
 
@@ -437,7 +438,7 @@ def fingerprint(commit: str | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton_version,
         "python": sys.version.split()[0],
-        "git_commit": commit or git_commit(),
+        "git_commit": commit or os.environ.get("BENCHLAB_COMMIT") or git_commit(),
     }
 
 

@@ -198,14 +198,19 @@ def test_oom_on_cpu_allocator_is_classified():
         pytest.skip("the allocator accepted an exabyte")
 
 
-def test_fingerprint_prefers_the_given_commit_over_git():
-    # a GPU host may get a tree whose .git is stale: an explicit commit must be what is recorded
+def test_fingerprint_prefers_the_given_commit_over_git(monkeypatch):
+    # a GPU host may get a tree whose .git is stale: an explicit commit must be what is recorded, given as an
+    # argument (a benchmark's --commit) or, for every benchmark of a run at once, as BENCHLAB_COMMIT
     import subprocess
     from pathlib import Path
 
     from worker.harness import fingerprint
 
     assert fingerprint("abc1234")["git_commit"] == "abc1234"
+    monkeypatch.setenv("BENCHLAB_COMMIT", "def5678")
+    assert fingerprint(None)["git_commit"] == "def5678"
+    assert fingerprint("abc1234")["git_commit"] == "abc1234"
+    monkeypatch.delenv("BENCHLAB_COMMIT")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
                           text=True)
     if head.returncode != 0:
