@@ -29,7 +29,7 @@ mbarrier the copy engine signals. Two kernels run that loop:
 The warp-specialised kernel with 128-key tiles is what flash_triton's forward launches (SHIPPED_FWD): at
 d=128 two consumers and three slots, which under sustained load on an H100 ran 1.10x-1.14x the Triton
 forward, 0.95x-1.08x cuDNN's (docs/results/h100/gluon_paths/README.md); at d=64 three consumers (192 rows a
-program, FA-3's d=64 forward) and four slots, 1.05x-1.14x the Triton forward and 1.01x-1.11x cuDNN's from
+program, FA-3's d=64 forward) and four slots, 1.03x-1.14x the Triton forward and 1.01x-1.11x cuDNN's from
 seq 8192 (docs/results/h100/fwd_d64/README.md), where two consumers had been slower than the Triton
 forward. The other configs and modes are studies: within about 10 % of the Triton forward at d=128 and
 slower at d=64 (docs/results/h200/flash_gluon/README.md). Their
@@ -703,7 +703,7 @@ class Config(NamedTuple):
 FWD_CONFIG_WS = Config(128, 128, 3, 4, "ws")
 # d=64: three consumers of 64 rows (192 a program, FA-3's forward at d=64), 128-key tiles, four K/V slots at
 # 160 registers a consumer. Under sustained load on an H100, in one rotation with the Triton forward, a second
-# copy of it and cuDNN: 1.05x-1.14x the Triton forward from seq 4096, 1.01x-1.11x cuDNN's from seq 8192. Causal
+# copy of it and cuDNN: 1.03x-1.14x the Triton forward from seq 4096, 1.01x-1.11x cuDNN's from seq 8192. Causal
 # at 4096 it ran 0.956x until each consumer stopped at its own diagonal (_ws_consumer), then 1.036x
 # (docs/results/h100/fwd_d64/README.md).
 FWD_CONFIG_WS_D64 = Config(192, 128, 4, 4, "ws")
