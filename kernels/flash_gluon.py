@@ -450,8 +450,8 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
                  n_iter, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
                  SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
-    """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through every key tile, in
-    the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
+    """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through the key tiles they see
+    (n_mine below), in the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
     consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's.
     SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s slot is released as soon as
     S(t) is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot, released after the P V."""
