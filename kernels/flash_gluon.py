@@ -447,7 +447,7 @@ def _ws_stream(a_desc, b_desc, a_smem, b_smem, ready_bars, empty_bars, first_row
 
 @gluon.jit
 def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m, n_q, n_k,
-                 n_iter, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 n_iter, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
                  SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through the key tiles they see
@@ -462,14 +462,16 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     first_row = start_m + WHICH * rows
-    # The program's tiles [0, n_iter) are every consumer's; this one computes [0, n_mine). Causal, its rows
-    # see no key past its own diagonal (with 192 rows and 128-key tiles the program's last tile can lie
-    # wholly past consumer 0's), and a consumer whose rows all lie past n_q computes nothing. It releases
-    # the tiles it skips unread, after its own, as the producer refills a slot only once every consumer
-    # has. Ping-pong keeps the two consumers on every tile in turns.
-    n_mine = n_iter
-    if not PINGPONG:
-        n_mine, hi_unmasked = _key_tiles(first_row, n_k, rows, BLOCK_N, IS_CAUSAL)
+    # The program's tiles [0, n_iter) are every consumer's; this one computes [0, n_mine), masking its own
+    # rows' diagonal from hi_unmasked on. Causal, its rows see no key past that diagonal (with 192 rows and
+    # 128-key tiles the program's last tile can lie wholly past consumer 0's), and a consumer whose rows
+    # all lie past n_q computes nothing. It releases the tiles it skips unread, after its own, as the
+    # producer refills a slot only once every consumer has. Ping-pong keeps the two consumers on every
+    # tile in turns.
+    n_mine, hi_unmasked = _key_tiles(first_row, n_k, rows, BLOCK_N, IS_CAUSAL)
+    if PINGPONG:
+        n_mine = n_iter
+    else:
         n_mine = gl.where(first_row < n_q, n_mine, 0)
 
     mbarrier.wait(q_bar, 0)
@@ -554,22 +556,21 @@ def _fwd_ws_kernel(Q, K, V, O, L,
         mbarrier.init(ready_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
 
-    # every consumer walks the block's key tiles; hi_unmasked is the block's (a consumer's own first row
-    # need not be a multiple of BLOCK_N), so a consumer may mask a tile it could have left unmasked
-    n_iter, hi_unmasked = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    # the producer streams the block's key tiles; each consumer takes those its rows see (_ws_consumer)
+    n_iter, _ = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
     l_base = L + pid_zh.to(gl.int64) * n_q
     # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            l_base, start_m, n_q, n_k, n_iter, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
                             STAGES, PINGPONG, Q_REGS, SPLIT_KV, 0)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            l_base, start_m, n_q, n_k, n_iter, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
                             STAGES, PINGPONG, Q_REGS, SPLIT_KV, 1)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            l_base, start_m, n_q, n_k, n_iter, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
                             STAGES, PINGPONG, Q_REGS, SPLIT_KV, 2)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [4, 4, 1],
@@ -577,17 +578,17 @@ def _fwd_ws_kernel(Q, K, V, O, L,
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            l_base, start_m, n_q, n_k, n_iter, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
                             STAGES, PINGPONG, Q_REGS, SPLIT_KV, 0)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            l_base, start_m, n_q, n_k, n_iter, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
                             STAGES, PINGPONG, Q_REGS, SPLIT_KV, 1)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                            l_base, start_m, n_q, n_k, n_iter, hi_unmasked, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
+                            l_base, start_m, n_q, n_k, n_iter, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
                             STAGES, PINGPONG, Q_REGS, SPLIT_KV, 0)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, start_m,
                           n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [1], [24])

@@ -735,10 +735,10 @@ COPY_GRAD_MIN_WORK = 2 ** 34
 FUSED_MIN_SEQ = 4096
 
 # The Gluon forward (kernels/flash_gluon.py, SHIPPED_FWD: d=64 and 128) runs on calls of at least this many
-# queries and keys: it was timed from seq 4096 to 16384
-# (d=128: 1.10x-1.14x the Triton forward under sustained load on an H100, docs/results/h100/gluon_paths/
-# README.md; d=64: 1.03x-1.14x, docs/results/h100/fwd_d64/README.md); shorter calls keep the autotuned
-# Triton forward, whose tiles are picked per length.
+# queries and keys: it was timed from seq 4096 to 16384 (d=128: 1.10x-1.14x the Triton forward under
+# sustained load on an H100, docs/results/h100/gluon_paths/README.md; d=64: 1.03x-1.14x,
+# docs/results/h100/fwd_d64/README.md); shorter calls keep the autotuned Triton forward, whose tiles are
+# picked per length.
 GLUON_FWD_MIN_SEQ = 4096
 
 
