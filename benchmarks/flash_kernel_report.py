@@ -3,11 +3,12 @@ shared memory, and (with --ir) the TTGIR and PTX, for reading beside a profiler'
 
 It runs one forward and backward through the launchers (tuning as usual, or `--pin`ned), then reads
 the compiled kernel that each launch plan holds. `--profile` wraps one more forward and backward in
-cudaProfilerStart/Stop, so a profiler started with `--profile-from-start off` sees only those launches:
+cudaProfilerStart/Stop, so a profiler started with `--profile-from-start off` sees only those launches;
+`--sdpa cudnn` puts an SDPA backend's forward and backward in the same window, for its counters beside ours:
 
     python -m benchmarks.flash_kernel_report --shape 16,16384,64,causal --ir --out report
     ncu --clock-control none --profile-from-start off --set full -o report/ncu \
-        python -m benchmarks.flash_kernel_report --shape 16,16384,64,causal --profile --out report
+        python -m benchmarks.flash_kernel_report --shape 16,16384,64,causal --profile --sdpa cudnn --out report
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.flash_ab import launch_options, parse_pin, parse_shape, write_report
+from benchmarks.flash_ab import _sdpa_call, launch_options, parse_pin, parse_sdpa, parse_shape, write_report
 from benchmarks.flash_tune import make_inputs
 from kernels.names import DTYPES
 
@@ -58,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ir", action="store_true", help="write each kernel's TTGIR and PTX under --out")
     ap.add_argument("--profile", action="store_true",
                     help="one more forward and backward between cudaProfilerStart and cudaProfilerStop")
+    ap.add_argument("--sdpa", type=parse_sdpa, default=[], metavar="BACKENDS",
+                    help="with --profile: each SDPA backend's forward and backward in the window too (cudnn,flash)")
     ap.add_argument("--out", type=Path, required=True, help="folder for kernels.json (and the IR)")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
+    if args.sdpa and not args.profile:
+        ap.error("--sdpa puts SDPA's kernels in the profiler window: it needs --profile")
 
     import torch
 
@@ -76,17 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(2):  # the first call tunes and plans; the second runs through the plans
         out, lse = flash.flash_attention_forward(q, k, v, causal, options=options)
         flash.flash_attention_backward(q, k, v, out, lse, do, causal, options=options)
+    sdpa = [(_sdpa_call(b, "fwd", q, k, v, do, causal), _sdpa_call(b, "bwd", q, k, v, do, causal))
+            for b in args.sdpa]
+    for fwd, bwd in sdpa:  # their first calls (cuDNN builds its plans) stay out of the window
+        fwd(), bwd()
     torch.cuda.synchronize()
     if args.profile:
         torch.cuda.cudart().cudaProfilerStart()
         out, lse = flash.flash_attention_forward(q, k, v, causal, options=options)
         flash.flash_attention_backward(q, k, v, out, lse, do, causal, options=options)
+        for fwd, bwd in sdpa:
+            fwd(), bwd()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
 
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"kind": "flash_kernel_report", **fingerprint(args.commit), "shape": list(shape), "causal": causal,
-              "dtype": args.dtype, "kernels": {}}
+              "dtype": args.dtype, "profiled_sdpa": args.sdpa if args.profile else [], "kernels": {}}
     for name, (compiled, named) in sorted(compiled_kernels(flash).items()):
         report["kernels"][name] = describe(compiled, named)
         if args.ir:
