@@ -28,6 +28,9 @@ for that long a round, the median round counting (flash_ab's sustained mode):
                             adding no row (what the adds' traffic costs; 64-query configs); --dq-mode picks
                             the modes; with --rotate each ws one also with a _rot suffix: the kernel's
                             non-causal programs each starting at their own query tile (flash_gluon_bwd's rotate)
+  base_fused_*              with --baseline FILE (another kernels/flash_gluon_bwd.py), that version's fused
+                            backward and kernel at every fused config and mode, in the same rotation
+                            (speedup_vs_baseline: > 1 where this tree's is faster)
   sdpa_<b>                  an SDPA backend's backward (--sdpa), for scale
 
 Accuracy: every Gluon output is written into NaN-filled tensors, so a row a kernel never writes shows.
@@ -37,6 +40,9 @@ tensor (Delta's too). A config that fails to compile or run is recorded with its
 
     python -m benchmarks.flash_gluon_bwd_ab --config 64,64,2,4 --config 64,64,3,4,defer,r168 \\
         --dq-config 64,64,2,4 --shape 16,16384,64,causal --sdpa cudnn --out gluon_bwd_ab.json
+    git show HEAD~1:kernels/flash_gluon_bwd.py > /tmp/bwd_base.py
+    python -m benchmarks.flash_gluon_bwd_ab --baseline /tmp/bwd_base.py --no-hybrid --config 64,64,2,4 \\
+        --fused-config 64,128,3,4,ws --dq-mode halves --shape 2,16,8192,128,causal --out bwd_vs_base.json
 """
 from __future__ import annotations
 
@@ -44,8 +50,8 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, parse_pin, record_cell, write_report
-from benchmarks.flash_gluon_ab import add_run_args, check_run_args, time_cell
+from benchmarks.flash_ab import _sdpa_call, load_module, parse_pin, record_cell, write_report
+from benchmarks.flash_gluon_ab import BASE_PREFIX, add_run_args, check_run_args, speedups_vs_baseline, time_cell
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
@@ -117,8 +123,9 @@ def triton_plan(flash_triton):
 
 
 def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_configs: list, args,
-                  fused_configs: tuple = ()) -> dict:
-    """One shape's cell: every call's errors and CUDA-event times (module docstring)."""
+                  fused_configs: tuple = (), baseline=None) -> dict:
+    """One shape's cell: every call's errors and CUDA-event times (module docstring); baseline: another
+    flash_gluon_bwd module, whose fused backward runs at every fused config too."""
     import torch
 
     from kernels import flash_gluon_bwd as gb
@@ -209,15 +216,19 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
         modes = [m for m in args.dq_mode or FUSED_DQ_MODES
                  if gb.config_error("fused", q.shape[-1], cfg, dq_mode=m) is None or m in ("add", "red")]
         rotations = (False, True) if args.rotate and cfg.order == "ws" else (False,)
-        for mode, rot in ((m, r) for m in modes for r in rotations):  # the whole backward, checked, then its kernel
-            name = f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}") + ("_rot" if rot else "")
-            if try_first(name, lambda cfg=cfg, m=mode, r=rot: dict(zip(("dq", "dk", "dv"), gb.fused_backward(
+        versions = {"": gb, **({BASE_PREFIX: baseline} if baseline is not None else {})}
+        for mode, rot, (prefix, mod) in ((m, r, ver) for m in modes for r in rotations for ver in versions.items()):
+            # the whole backward, checked, then its kernel
+            name = prefix + f"fused_{config_name(cfg)}" + ("" if mode == "add" else f"_{mode}") + (
+                "_rot" if rot else "")
+            if try_first(name, lambda cfg=cfg, m=mode, r=rot, mod=mod: dict(zip(("dq", "dk", "dv"), mod.fused_backward(
                     q, k, v, o, lse, do, causal, cfg, dq_mode=m, rotate=r), strict=True))):
-                calls[name] = lambda cfg=cfg, m=mode, r=rot: gb.fused_backward(q, k, v, o, lse, do, causal, cfg,
-                                                                               dq_mode=m, rotate=r)
+                calls[name] = lambda cfg=cfg, m=mode, r=rot, mod=mod: mod.fused_backward(
+                    q, k, v, o, lse, do, causal, cfg, dq_mode=m, rotate=r)
                 kernel_args = tensors_for(mode)
                 calls[name.replace("fused_", "fused_kernel_", 1)] = (
-                    lambda cfg=cfg, t=kernel_args, g=group, m=mode, r=rot: gb.launch("fused", t, causal, cfg, g, m, r))
+                    lambda cfg=cfg, t=kernel_args, g=group, m=mode, r=rot, mod=mod: mod.launch(
+                        "fused", t, causal, cfg, g, m, r))
         if gb.config_error("fused", q.shape[-1], cfg, dq_mode="probe") is None:  # (the red kernel: 64 queries)
             kernel_args = tensors_for("probe")
             for rot in rotations:
@@ -249,7 +260,9 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
     cell["bwd_speedup_vs_triton"] = {n: best["triton_bwd"] / t for n, t in best.items() if n.startswith(whole)}
     for backend in args.sdpa:
         cell[f"bwd_speedup_vs_sdpa_{backend}"] = {n: best[f"sdpa_{backend}"] / t for n, t in best.items()
-                                                  if n.startswith((*whole, "triton_bwd"))}
+                                                  if n.startswith((*whole, "triton_bwd", BASE_PREFIX))}
+    if baseline is not None:
+        cell["speedup_vs_baseline"] = speedups_vs_baseline(best)
     print(shape, causal, {n: round(t, 4) for n, t in best.items()}, flush=True)
     print("  errors:", {n: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in e.items()
                             if "diff" in kk} for n, e in cell["errors"].items()}, flush=True)
@@ -280,9 +293,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", action="store_true",
                     help="also time the Triton kernels back to back in one sample (pair_dq_dkdv as the backward "
                          "runs them, pair_dkdv_dq, twice_dq, twice_dkdv) and each SDPA backward twice")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another kernels/flash_gluon_bwd.py: its fused backward at every --fused-config and mode "
+                         "too (base_fused_...)")
     add_run_args(ap)
     args = ap.parse_args(argv)
     check_run_args(ap, args)
+    if args.baseline is not None and not args.fused_config:
+        ap.error("--baseline compares the fused backward: give it a --fused-config")
+    baseline = None
+    if args.baseline is not None:
+        try:
+            baseline = load_module(args.baseline, "flash_gluon_bwd_baseline", ("fused_backward", "launch"),
+                                   "flash_gluon_bwd")
+        except (FileNotFoundError, AttributeError) as exc:
+            ap.error(str(exc))
     from kernels import flash_triton
     from worker.harness import fingerprint
 
@@ -291,12 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"kind": "flash_gluon_bwd_ab", **fingerprint(args.commit), "configs": [list(c) for c in configs],
               "dq_configs": [list(c) for c in args.dq_config or DQ_CONFIGS],
               "fused_configs": [list(c) for c in args.fused_config], "rotate": args.rotate,
+              "baseline": str(args.baseline) if args.baseline else None,
               "sdpa": args.sdpa, "rounds": args.rounds, "repeats": args.repeats, "head_start": args.head_start,
               "sustain_ms": args.sustain_ms,
               "speedup_of": "median of rounds" if args.sustain_ms is not None else "best round", "cells": []}
     for shape, causal in args.shape or SHAPES:
         record_cell(report, measure_shape(shape, causal, configs, args.dq_config or DQ_CONFIGS, args,
-                                          tuple(args.fused_config)), out)
+                                          tuple(args.fused_config), baseline), out)
     report["triton_autotuned"] = flash_triton.autotuned_configs()
     write_report(report, out)
     return 0

@@ -341,6 +341,11 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             # the consumers take the tiles' dQ in turns: one (64, d) add a tile for the program's keys, where
             # DQ_MODE 3 makes one a consumer (DQ_MODE 5: dQ^T, the query tile as the matmul's N)
             # DQ_MODE 6: every consumer every tile, each its DQ_COLS columns of the program's dQ share
+            if DQ_MODE == 6:
+                # dV (issued before dK) done before dQ's accumulator is taken, so P^T's 16 registers are free
+                # by then: at d=128 dK and dV hold 128 of a consumer's 240, and with P^T, dS^T and dQ's 32 on
+                # top ptxas serialised every wgmma of the kernel (its C7512) and spilled in the loop
+                dv, pt_op = warpgroup_mma_wait(1, deps=[dv_tok, pt_op])
             _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH, CONSUMERS)
             if DQ_MODE == 6 or t % CONSUMERS == WHICH:
                 dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * DQ_COLS,
@@ -933,9 +938,10 @@ DKDV_ORDERS = ORDERS + ("ws",) + RS_ORDERS
 DQ_ORDERS = ("overlap", "plain", "overlap" + RS_SUFFIX, "plain" + RS_SUFFIX)
 # consumers -> (registers a thread for the block, registers each consumer warpgroup after the first takes):
 # the block counts the producer's warpgroup whole, so 1 consumer is 8 warps (128 each: two programs an SM),
-# 2 are 12 (168 x 12 x 32 = 64,512 of 65,536; the consumers 232 and the producer 24), 3 are 16 (128; the
-# consumers 160: (3 x 160 + 24) x 4 x 32 = 64,512)
-WS_REGS = {1: (128, 128), 2: (168, 232), 3: (128, 160)}
+# 2 are 12 (168 x 12 x 32 = 64,512 of 65,536; the consumers 240 and the producer 24: (2 x 240 + 24) x 4 x 32 =
+# 64,512; at 232, 8 fewer, ptxas serialised the d=128 fused kernel's wgmmas), 3 are 16 (128; the consumers 160:
+# (3 x 160 + 24) x 4 x 32 = 64,512)
+WS_REGS = {1: (128, 128), 2: (168, 240), 3: (128, 160)}
 KERNELS = ("dkdv", "dq", "fused")  # fused: dK/dV that also adds dS K into an fp32 dQ (_fused_kernel)
 # the fused kernel's dQ: added by atom (Triton's atomic_add), by red (inline PTX, nothing returned), the red
 # kernel with no row added (to price the adds' traffic), or (order "ws" only) by the copy engine from a staging

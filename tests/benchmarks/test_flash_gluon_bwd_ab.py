@@ -62,3 +62,18 @@ def test_back_to_back_runs_its_calls_in_order_in_one_call():
     twice = lambda: seen.append("twice")  # noqa: E731
     back_to_back(twice, twice)()
     assert seen == ["dq", "dkdv", "twice", "twice"]
+
+
+def test_a_baseline_is_refused_by_name_before_anything_runs(tmp_path, capsys):
+    from benchmarks.flash_gluon_bwd_ab import main
+
+    other = tmp_path / "other.py"
+    other.write_text("def fused_backward(*args):\n    pass\n")  # no launch
+    fused = ["--fused-config", "64,128,3,4,ws"]
+    for argv, named in ((["--baseline", str(tmp_path / "missing.py"), *fused], "does not exist"),
+                        (["--baseline", str(other), *fused], "not a flash_gluon_bwd module"),
+                        (["--baseline", str(other)], "give it a --fused-config")):
+        with pytest.raises(SystemExit):
+            main([*argv, "--out", str(tmp_path / "r.json")])
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
