@@ -310,31 +310,53 @@ def test_in_turns_one_consumer_a_tile_adds_the_dq_of_both_consumers_keys(tmp_pat
 
 def test_in_halves_every_consumer_adds_its_columns_of_every_tiles_dq(tmp_path):
     # dq_mode "halves": on every tile each consumer takes dS K over both consumers' keys for its half of the
-    # columns (two (64, 32) matmuls at d=64, no branch on whose turn it is) and has the copy engine add it;
-    # the tiles above a consumer's diagonal still carry its columns of the other consumer's share
+    # columns (two (64, 32) matmuls at d=64, no branch on whose turn it is) and has the copy engine add it,
+    # once its dV matmul is done (wait:1, which frees P^T's registers for dQ's accumulator); the tiles above a
+    # consumer's diagonal still carry its columns of the other consumer's share
     consumers, _ = _copy_engine_adds(tmp_path, "halves", "64,128,3,4,ws")
     steps = [loop for loop in consumers if "dot:st_tok" in loop]
     skips = [loop for loop in consumers if "dot:st_tok" not in loop]
     assert len(steps) == 4 and len(skips) == 2, consumers
     for loop in steps:
-        assert loop[loop.index("dot:dk_tok") + 1:] == ["dot:dq_tok", "dot:dq_tok", "wait:0"], loop
+        assert loop[loop.index("dot:dk_tok") + 1:] == ["wait:1", "dot:dq_tok", "dot:dq_tok", "wait:0"], loop
     for loop in skips:
         assert loop == ["dot:dq_tok", "dot:dq_tok", "wait:0"], loop
     report = json.loads((tmp_path / "gluon_fused_64x128x3x4_ws_halves_d64.json").read_text())
     assert any(op.startswith("HGMMA.64x32x16") for op in report["sass_ops"]), report["sass_ops"]
 
 
-def test_halves_fit_the_fused_kernel_at_d128_where_turns_spill_more(tmp_path):
-    # at d=128 "turns" holds a (64, 128) fp32 dQ tile beside dK and dV, "halves" a (64, 64) one; both now
-    # compile (the warp-specialised budget), and halves spill less
-    stacks = {}
+def test_halves_fit_the_fused_kernel_at_d128_in_less_shared_memory_than_turns(tmp_path):
+    # at d=128 "turns" holds a (64, 128) fp32 dQ tile beside dK and dV, "halves" a (64, 64) one; both
+    # compile (the warp-specialised budget), and halves stage half the tile
+    reports = {}
     for mode in ("turns", "halves"):
         r = _run("--gluon-bwd", "fused=64,128,2,4,ws", "--dq-mode", mode, "--head-dim", "128", "--causal", "--out",
                  str(tmp_path / mode))
         assert r.returncode == 0, r.stderr[-3000:]
-        stacks[mode] = json.loads((tmp_path / mode / f"gluon_fused_64x128x2x4_ws_{mode}_d128.json").read_text())
-    assert stacks["halves"]["stack_bytes"] < stacks["turns"]["stack_bytes"], stacks
-    assert stacks["halves"]["shared_bytes"] < stacks["turns"]["shared_bytes"]  # half the staging tiles
+        reports[mode] = json.loads((tmp_path / mode / f"gluon_fused_64x128x2x4_ws_{mode}_d128.json").read_text())
+    assert reports["halves"]["shared_bytes"] < reports["turns"]["shared_bytes"], reports
+
+
+def _serialised_wgmmas(sass: list[str]) -> tuple[int, int]:
+    """(HGMMAs, those waited for in full, WARPGROUP.DEPBAR.LE gsb0 0x0, before the next wgmma instruction):
+    where ptxas lacks registers for the wgmma pipeline it waits on every one (its C7512)."""
+    ops = [op for op in sass if op.startswith(("HGMMA", "WARPGROUP.DEPBAR.LE gsb0"))]
+    hgmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
+    waited = sum(1 for i in hgmma if i + 1 < len(ops) and ops[i + 1].startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+    return len(hgmma), waited
+
+
+@pytest.mark.parametrize(("head_dim", "dq_mode", "causal"), [(64, "turns", True), (128, "halves", True),
+                                                             (128, "halves", False)])
+def test_the_shipped_fused_kernels_keep_their_wgmmas_in_flight(tmp_path, head_dim, dq_mode, causal):
+    # the shipped fused backward's consumers issue a matmul's k-steps back to back and wait a few times a
+    # tile (a tile's loop has 24 HGMMAs at d=64 and 32 at d=128); at d=128 with 232 registers a consumer ptxas
+    # had serialised all 136 of the kernel's, waiting for each before the next
+    r = _run("--gluon-bwd", "fused=64,128,3,4,ws", "--dq-mode", dq_mode, "--head-dim", str(head_dim),
+             *(["--causal"] * causal), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    total, waited = _serialised_wgmmas(_sass_text(tmp_path / f"gluon_fused_64x128x3x4_ws_{dq_mode}_d{head_dim}.sass"))
+    assert total >= 48 and waited <= total // 8, (total, waited)
 
 
 def _sass_text(path) -> list[str]:
