@@ -320,7 +320,8 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
         if DQ_DEFER:  # the tile before's dQ, from its dS^T left in shared memory, behind this tile's scores
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
-        lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
+        if DQ_MODE != 6:
+            lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
         st = warpgroup_mma_wait(1 + DQ_DEFER, deps=[st_tok])  # S^T done; dP^T (and dQ) may still run
         pt = _probabilities(st, lse2, start_m, start_n, qk_scale, MASKED, BLOCK_M,
                             BLOCK_N, st_layout)
@@ -350,6 +351,9 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             if DQ_MODE == 6 or t % CONSUMERS == WHICH:
                 dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * DQ_COLS,
                                   DQ_COLS)
+                if DQ_MODE == 6:  # the next tile's row stats under dQ's matmul, not S^T's and dP^T's: 32
+                    # registers fewer while those are in flight (d=128 non-causal: 8 spill loads a tile, not 15)
+                    lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
                 mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read (by this one)
                 _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5, WHICH * DQ_COLS)
