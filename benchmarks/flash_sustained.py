@@ -39,9 +39,10 @@ REFERENCES = ("sdpa_flash", "sdpa_cudnn")
 Shape = tuple[int, int, int, int, bool]  # batch, heads, seq, d, causal
 
 
-def spec_shapes(path: Path, min_seq: int = 0) -> list[Shape]:
+def spec_shapes(path: Path, min_seq: int = 0, head_dim: int | None = None) -> list[Shape]:
     """The distinct (batch, heads, seq, d, causal) of a spec's bf16 forward+backward cells, in the spec's
-    order, from seq `min_seq` up. A spec of another suite or with no such cell is an error naming it."""
+    order, from seq `min_seq` up (and of head dim `head_dim` only, if given). A spec of another suite or
+    with no such cell is an error naming it."""
     import yaml
 
     from backend.grid import expand_grid
@@ -56,10 +57,12 @@ def spec_shapes(path: Path, min_seq: int = 0) -> list[Shape]:
     shapes: list[Shape] = []
     for c in cells:
         shape = (c["batch"], c["heads"], c["seq_len"], c["d_head"], bool(c["causal"]))
-        if c["dtype"] == "bf16" and c["pass"] == "fwd_bwd" and c["seq_len"] >= min_seq and shape not in shapes:
+        if (c["dtype"] == "bf16" and c["pass"] == "fwd_bwd" and c["seq_len"] >= min_seq
+                and head_dim in (None, c["d_head"]) and shape not in shapes):
             shapes.append(shape)
     if not shapes:
-        raise ValueError(f"{path} has no bf16 fwd_bwd cell with seq_len >= {min_seq}")
+        of_d = f" and d_head {head_dim}" if head_dim is not None else ""
+        raise ValueError(f"{path} has no bf16 fwd_bwd cell with seq_len >= {min_seq}{of_d}")
     return shapes
 
 
@@ -200,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="an attention sweep spec: its bf16 fwd_bwd shapes")
     ap.add_argument("--min-seq", type=int, default=2048, help="only shapes of at least this sequence length")
+    ap.add_argument("--head-dim", type=int, default=None, help="only shapes of this head dim")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep-ms", type=int, default=100, help="do_bench's rep (its default: 100)")
     ap.add_argument("--warmup-ms", type=int, default=25, help="do_bench's warmup (its default: 25)")
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.rep_ms < 1 or args.warmup_ms < 0:
         ap.error("--rounds and --rep-ms must be at least 1, --warmup-ms at least 0")
     try:
-        shapes = spec_shapes(args.spec, args.min_seq)
+        shapes = spec_shapes(args.spec, args.min_seq, args.head_dim)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
 

@@ -34,6 +34,13 @@ def test_the_default_spec_gives_distinct_shapes_with_the_leaderboards():
     assert {s[3] for s in shapes} == {64, 128} and {s[4] for s in shapes} == {True, False}
 
 
+def test_a_head_dim_keeps_only_its_shapes_and_one_with_none_is_named():
+    d128 = spec_shapes(DEFAULT_SPEC, min_seq=4096, head_dim=128)
+    assert d128 == [s for s in spec_shapes(DEFAULT_SPEC, min_seq=4096) if s[3] == 128] and len(d128) == 6
+    with pytest.raises(ValueError, match="d_head 96"):
+        spec_shapes(DEFAULT_SPEC, min_seq=4096, head_dim=96)
+
+
 def test_a_spec_of_another_suite_or_with_nothing_to_time_is_named(tmp_path):
     with pytest.raises(ValueError, match="not an attention sweep spec"):
         spec_shapes(_spec(tmp_path, {"world_size": 1}, suite="ddp"))
