@@ -61,6 +61,16 @@ def load_module(path: Path, name: str = "flash_baseline", needs: tuple[str, ...]
     return module
 
 
+def load_baseline(ap: argparse.ArgumentParser, path: Path | None, name: str, needs: tuple[str, ...], what: str):
+    """A script's --baseline module (load_module), None without a path, or ap.error naming what is wrong."""
+    if path is None:
+        return None
+    try:
+        return load_module(path, name, needs, what)
+    except (FileNotFoundError, AttributeError) as exc:
+        ap.error(str(exc))
+
+
 def write_report(report: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.flash_ab import (
     _sdpa_call,
-    load_module,
+    load_baseline,
     parse_sdpa,
     parse_shape,
     record_cell,
@@ -161,12 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     from worker.harness import fingerprint
 
     versions = {"": flash_gluon}
-    if args.baseline is not None:
-        try:
-            versions[BASE_PREFIX] = load_module(args.baseline, "flash_gluon_baseline",
-                                                ("flash_attention_forward", "launch_spec"), "flash_gluon")
-        except (FileNotFoundError, AttributeError) as exc:
-            ap.error(str(exc))
+    baseline = load_baseline(ap, args.baseline, "flash_gluon_baseline", ("flash_attention_forward", "launch_spec"),
+                             "flash_gluon")
+    if baseline is not None:
+        versions[BASE_PREFIX] = baseline
 
     out = Path(args.out)
     sustained = args.sustain_ms is not None

@@ -50,7 +50,7 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, load_module, parse_pin, record_cell, write_report
+from benchmarks.flash_ab import _sdpa_call, load_baseline, parse_pin, record_cell, write_report
 from benchmarks.flash_gluon_ab import BASE_PREFIX, add_run_args, check_run_args, speedups_vs_baseline, time_cell
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
@@ -301,13 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     check_run_args(ap, args)
     if args.baseline is not None and not args.fused_config:
         ap.error("--baseline compares the fused backward: give it a --fused-config")
-    baseline = None
-    if args.baseline is not None:
-        try:
-            baseline = load_module(args.baseline, "flash_gluon_bwd_baseline", ("fused_backward", "launch"),
-                                   "flash_gluon_bwd")
-        except (FileNotFoundError, AttributeError) as exc:
-            ap.error(str(exc))
+    baseline = load_baseline(ap, args.baseline, "flash_gluon_bwd_baseline", ("fused_backward", "launch"),
+                             "flash_gluon_bwd")
     from kernels import flash_triton
     from worker.harness import fingerprint
 
