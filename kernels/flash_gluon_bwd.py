@@ -602,9 +602,10 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
         dq_layout: gl.constexpr = acc_layout
     # dP^T's accumulator starts from zero and Delta is subtracted where dS^T is formed: started from -Delta,
     # ptxas waited for S^T in full before it issued dP^T (its C7517 note at that accumulator), so the two score
-    # matmuls ran one after the other (d=128 non-causal, and one consumer of the two at d=64). Not at d=128
-    # causal: there they overlap already, and the masked diagonal step spills more without the -Delta start
-    DP_ZERO: gl.constexpr = HEAD_DIM <= 64 or not IS_CAUSAL
+    # matmuls ran one after the other (d=128 non-causal, and one consumer of the two at d=64). Not in causal
+    # halves, whose consumers are shortest of registers: at d=128 the two overlap there already and the masked
+    # diagonal step spills more without the -Delta start, and at d=64 the kernel would take a stack
+    DP_ZERO: gl.constexpr = not (IS_CAUSAL and DQ_MODE == 6)
     my_n = start_n + WHICH * _WG_KEYS
     k_mine = k_smem.index(WHICH)
     v_mine = v_smem.index(WHICH)
