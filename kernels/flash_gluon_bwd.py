@@ -288,7 +288,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
           WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
           WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2, shift=0, ROTATE: gl.constexpr = False,
-          DQ_COLS: gl.constexpr = 0, DP_ZERO: gl.constexpr = False):
+          DQ_COLS: gl.constexpr = 0):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -317,10 +317,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     minus_delta = zeros - gl.expand_dims(delta, 0)
     if ORDER == 0:
         st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        if DP_ZERO:  # dP^T from zero, Delta subtracted in dS^T below (see DP_ZERO in _dkdv_ws_consumer)
-            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        else:
-            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), minus_delta, is_async=True)
         if DQ_DEFER:  # the tile before's dQ, from its dS^T left in shared memory, behind this tile's scores
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
         if DQ_MODE != 6:
@@ -331,10 +328,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
         dpt = warpgroup_mma_wait(1 + DQ_DEFER, deps=[dpt_tok])  # dP^T done; dV (and dQ) may still run
-        if DP_ZERO:
-            ds = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
-        else:
-            ds = (pt * dpt).to(dtype)
+        ds = (pt * dpt).to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         dk_tok = warpgroup_mma(ds_op, q_t, dk, is_async=True)
         if DQ_DEFER:
@@ -600,12 +594,6 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
         dq_layout: gl.constexpr = _mma_layout(4, dq_cols)
     else:
         dq_layout: gl.constexpr = acc_layout
-    # dP^T's accumulator starts from zero and Delta is subtracted where dS^T is formed: started from -Delta,
-    # ptxas waited for S^T in full before it issued dP^T (its C7517 note at that accumulator), so the two score
-    # matmuls ran one after the other (d=128 non-causal, and one consumer of the two at d=64). Not in causal
-    # halves, whose consumers are shortest of registers: at d=128 the two overlap there already and the masked
-    # diagonal step spills more without the -Delta start, and at d=64 the kernel would take a stack
-    DP_ZERO: gl.constexpr = not (IS_CAUSAL and DQ_MODE == 6)
     my_n = start_n + WHICH * _WG_KEYS
     k_mine = k_smem.index(WHICH)
     v_mine = v_smem.index(WHICH)
@@ -647,13 +635,13 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, DP_ZERO)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, DP_ZERO)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols)
     if DQ_MODE >= 3:
         tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
