@@ -179,6 +179,23 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def _spread_columns(x):
+    """x's columns relabelled within each group of 32 (one 128-byte row of a 128-byte swizzled fp32 tile):
+    column 8a + 4b + c (a < 4, b < 2, c < 4) becomes 16b + 4a + c. No data moves; the stores change. In a
+    wgmma accumulator lane l holds columns 8n + 2 (l % 4) + {0, 1}, so one STS.64 writes rows r..r+7 at 32
+    contiguous bytes each, and its first half-warp (rows r..r+3) hit 16-byte chunks {2j, 2j+1} XOR r: rows r
+    and r^1 the same two chunks, two wavefronts a half-warp where one would do. Relabelled, a row's 32 bytes
+    are chunks j and j+4, and rows r..r+3 take eight different chunks. cast_dq undoes it (spreads_columns)."""
+    ROWS: gl.constexpr = x.shape[0]
+    COLS: gl.constexpr = x.shape[1]
+    if COLS % 32 == 0:  # (narrower tiles take a narrower swizzle, and stay as they are: spreads_columns)
+        y = x.reshape([ROWS, COLS // 32, 4, 2, 4]).permute((0, 1, 3, 2, 4)).reshape([ROWS, COLS])
+    else:
+        y = x
+    return y
+
+
+@gluon.jit
 def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = False, COL: gl.constexpr = 0):
     """DQ_MODE 3: the tile's dQ share into this warpgroup's staging tile in shared memory, then one bulk
     reduction of it into the accumulator's rows [start_m, + BLOCK_M) (rows past the descriptor's are
@@ -189,7 +206,10 @@ def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = Fal
     previous tile's reduction has to have read the staging tile first (store_wait, then the barrier)."""
     tma.store_wait(0)
     _block_barrier()
-    dq_stage.store(dq_t)
+    if TRANSPOSED:
+        dq_stage.store(dq_t)
+    else:
+        dq_stage.store(_spread_columns(dq_t))
     fence_async_shared()
     _block_barrier()
     if TRANSPOSED:
@@ -963,6 +983,7 @@ DQ_MODES = ("add", "red", "probe", "tma", "turns", "turns-t", "halves")
 _DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4, "turns-t": 5, "halves": 6}
 _STAGED = ("tma", "turns", "turns-t", "halves")  # the modes that add dQ by the copy engine, from fp32 staging tiles
 _SHARED = ("turns", "turns-t", "halves")  # the modes whose consumers share their dS^T and add the program's share
+_SPREAD = ("tma", "turns", "halves")  # the staged modes whose tiles are row-major: columns spread (spreads_columns)
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
@@ -1278,12 +1299,33 @@ def _cast_dq_t_kernel(ACC, DQ, n_q, q_cols, sm_scale, HEAD_DIM: tl.constexpr, RO
     tl.store(DQ + (pid_zh.to(tl.int64) * n_q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :], dq, mask=row_ok[:, None])
 
 
-def cast_dq(acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def spreads_columns(head_dim: int, cfg: Config, dq_mode: str) -> bool:
+    """Whether the fused kernel at cfg adding dQ as dq_mode leaves the accumulator's columns relabelled in
+    groups of 32 (_spread_columns): the modes that stage row-major fp32 tiles for the copy engine, where the
+    staging tile is a multiple of 32 columns wide (halves: each of the consumers' share of them)."""
+    if dq_mode not in _SPREAD:
+        return False
+    consumers = cfg.block_n // WG_KEYS if cfg.order == "ws" else 1
+    return (head_dim // consumers if dq_mode == "halves" else head_dim) % 32 == 0
+
+
+def spread_columns(x: torch.Tensor) -> torch.Tensor:
+    """x's last dim relabelled as the fused kernel's staging stores leave the accumulator (_spread_columns):
+    column 32g + 8a + 4b + c goes to 32g + 16b + 4a + c. For tests; cast_dq undoes it."""
+    return x.unflatten(-1, (x.shape[-1] // 32, 4, 2, 4)).transpose(-3, -2).flatten(-4)
+
+
+def cast_dq(acc: torch.Tensor, q: torch.Tensor, spread: bool = False) -> torch.Tensor:
     """dQ shaped and typed like q from the fused kernel's fp32 accumulator (dq_accumulator's either layout),
-    scaled by 1/sqrt(d) and cast in one pass (the transposed one by _cast_dq_t_kernel)."""
+    scaled by 1/sqrt(d) and cast in one pass (the transposed one by _cast_dq_t_kernel). spread: the columns
+    are relabelled as spreads_columns says, and are put back in the same pass."""
     dq_ = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     sm_scale = _scales(q.shape[-1])[0]
-    if acc.shape == q.shape:
+    if acc.shape == q.shape and spread:  # acc's (g, b, a, c) is dQ's column 32g + 8a + 4b + c
+        d = q.shape[-1]
+        torch.mul(acc.unflatten(-1, (d // 32, 2, 4, 4)).transpose(-3, -2), sm_scale,
+                  out=dq_.unflatten(-1, (d // 32, 4, 2, 4)))
+    elif acc.shape == q.shape:
         torch.mul(acc, sm_scale, out=dq_)  # fp32 product, cast into dQ's dtype as it is written
     else:
         Z, H, n_q, d = ft._as_zhnd(q).shape
@@ -1329,4 +1371,4 @@ def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = F
     group = ft._head_group(bool(is_causal), q4.shape[0] * q4.shape[1], head_group)
     launch("fused", (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), dq_acc), is_causal, cfg,
            group, dq_mode, rotate)
-    return cast_dq(dq_acc, q), dk, dv
+    return cast_dq(dq_acc, q, spreads_columns(q.shape[-1], cfg, dq_mode)), dk, dv

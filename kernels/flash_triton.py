@@ -1216,9 +1216,10 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc.view(q4.shape))
-    fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan,
-                          flash_gluon_bwd.shipped_dq_mode(q.shape[-1]))
-    dq = flash_gluon_bwd.cast_dq(acc, q)
+    dq_mode = flash_gluon_bwd.shipped_dq_mode(q.shape[-1])
+    spread = flash_gluon_bwd.spreads_columns(q.shape[-1], cfg, dq_mode)
+    fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan, dq_mode)
+    dq = flash_gluon_bwd.cast_dq(acc, q, spread)
     if fused is not None:
         shapes, dtype, device = (k.shape, v.shape), q.dtype, q.device
 
@@ -1229,7 +1230,7 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
             dk = torch.empty(shapes[0], dtype=dtype, device=device)
             dv = torch.empty(shapes[1], dtype=dtype, device=device)
             fused(q, k, v, do, lse, delta, dk, dv, acc)
-            return flash_gluon_bwd.cast_dq(acc, q), dk, dv
+            return flash_gluon_bwd.cast_dq(acc, q, spread), dk, dv
         plan.kernels = (fused,)
         _remember(key, plan)
     return dq, dk, dv

@@ -319,6 +319,58 @@ def test_the_fused_backwards_prep_gives_torchs_delta_and_zeroes_every_row(shape,
     assert torch.allclose(delta, (o.float() * do.float()).sum(-1), atol=1e-5)
 
 
+def _sts64_wavefronts(column_of, width: int) -> list[int]:
+    """Wavefronts of each half-warp of one STS.64 that stores a wgmma accumulator's register pair n = 0 (lane
+    l: row l // 4, logical columns 2 (l % 4) + {0, 1}) into a 128-byte swizzled fp32 tile `width` columns
+    wide (column blocks of 32, 16-byte chunk index XOR row % 8), the logical column m stored at column_of(m)."""
+    waves = []
+    for half in (range(16), range(16, 32)):
+        banks: dict[int, set[int]] = {}
+        for lane in half:
+            row = lane // 4
+            for e in (0, 1):
+                col = column_of(2 * (lane % 4) + e)
+                chunk = (col % 32) // 4 ^ row % 8
+                addr = (col // 32) * 64 * 128 + row * 128 + chunk * 16 + (col % 4) * 4
+                banks.setdefault(addr // 4 % 32, set()).add(addr)
+        waves.append(max(len(words) for words in banks.values()))
+    return waves
+
+
+@pytest.mark.parametrize("width", [32, 64, 128])
+def test_spread_columns_make_the_staging_stores_of_dq_conflict_free(width):
+    # the fused kernel's dQ staging tile (fp32, 128-byte swizzle) written from wgmma accumulators: as they
+    # are, rows r and r^1 of a half-warp share their two 16-byte chunks (two wavefronts, the 2-way bank
+    # conflict Nsight Compute counts); with the columns spread, each half-warp's 128 bytes take one
+    want = torch.arange(width)
+    where = torch.argsort(gb.spread_columns(want))  # where[m]: the column that logical column m is stored at
+    assert sorted(where.tolist()) == list(range(width)) and not torch.equal(where, want)
+    assert _sts64_wavefronts(lambda m: m, width) == [2, 2]
+    assert _sts64_wavefronts(lambda m: int(where[m]), width) == [1, 1]
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((2, 3, 77, 64), torch.bfloat16), ((3, 130, 128), torch.float16)])
+def test_cast_dq_puts_spread_columns_back(shape, dtype):
+    # the staged modes leave the accumulator's columns spread in groups of 32 (spread_columns); cast_dq with
+    # spread gives the dQ that the plain accumulator gives, bit for bit, strided views of q included
+    gen = torch.Generator().manual_seed(11)
+    want = torch.randn(shape, generator=gen)
+    q = torch.empty(shape, dtype=dtype)
+    assert torch.equal(gb.cast_dq(gb.spread_columns(want).contiguous(), q, spread=True), gb.cast_dq(want, q))
+    assert not torch.equal(gb.cast_dq(gb.spread_columns(want).contiguous(), q), gb.cast_dq(want, q))
+
+
+def test_which_fused_kernels_spread_dq_columns():
+    # the copy engine's row-major staging tiles (tma, turns, halves) at 32 columns or more a consumer; not the
+    # atomics, not dQ^T (turns-t), not halves' 16 columns a consumer at d=32
+    ws = gb.FUSED_CONFIG_WS
+    assert gb.spreads_columns(128, ws, "halves") and gb.spreads_columns(64, ws, "halves")
+    assert gb.spreads_columns(64, ws, "turns") and gb.spreads_columns(64, gb.FUSED_CONFIG, "tma")
+    assert not gb.spreads_columns(32, ws, "halves") and gb.spreads_columns(32, ws, "turns")
+    assert not any(gb.spreads_columns(64, ws, m) for m in ("add", "red", "probe", "turns-t"))
+    assert not gb.spreads_columns(16, ws, "turns")
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 77, 64), (3, 130, 128), (1, 1, 64, 64)])
 def test_transposed_turns_accumulate_dq_transposed_and_the_cast_gives_dq_back(shape):
     # "turns-t" adds dQ^T into (Z*H, d, n_q rounded up to 4 columns), zeroed by torch (the prep only
