@@ -14,7 +14,8 @@ time: does a change keep a matmul in flight, add a barrier, or cost registers?
 `--gluon BM,BN,STAGES,WARPS[,MODE]` (MODE one of kernels.names.GLUON_MODES) compiles the Gluon forward
 (kernels/flash_gluon.py) instead, in benchmarks/flash_gluon_ab.py's config order;
 `--gluon-bwd dkdv=BM,BN,STAGES,WARPS[,ORDER][,rN]` (or dq=..., fused=...) one of the Gluon backward
-kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's.
+kernels (kernels/flash_gluon_bwd.py), in benchmarks/flash_gluon_bwd_ab.py's; `--cast-dq` the fused
+backward's cast of an accumulator with spread columns (flash_gluon_bwd._cast_dq_spread_kernel).
 
 Each loop is listed as its matmuls (`dot:NAME`, by the value it computes), their waits (`wait:N`,
 N matmuls left in flight) and the `exp2`s and `if`s between them, in program order. The report's
@@ -219,6 +220,29 @@ def compile_gluon_bwd(args, ap) -> int:
     return _gluon_listing(args, jit_fn, config, options, name, {"kernel": f"gluon_{kernel}", "config": list(cfg)})
 
 
+def compile_cast_dq(args) -> int:
+    """--cast-dq: the fused backward's dQ cast from an accumulator with spread columns, as cast_dq launches it
+    (PREP_ROWS rows a program, 4 warps) for --head-dim and --dtype."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import flash_gluon_bwd
+
+    jit_fn = flash_gluon_bwd._cast_dq_spread_kernel
+    constexprs = {"HEAD_DIM": args.head_dim, "ROWS": flash_gluon_bwd.PREP_ROWS}
+    sig = {"ACC": "*fp32", "DQ": "*" + args.dtype, "n_rows": "i32", "sm_scale": "fp32",
+           "HEAD_DIM": "constexpr", "ROWS": "constexpr"}
+    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    compiled = triton.compile(ASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4})
+    report = write_listing(compiled, args.out / f"cast_dq_spread_d{args.head_dim}_{args.dtype}",
+                           {"kernel": "cast_dq_spread", "head_dim": args.head_dim, "dtype": args.dtype})
+    print(f"cast_dq_spread d={args.head_dim} {args.dtype}: {report['registers']} registers, "
+          f"{report['stack_bytes']} B stack, {report['shared_bytes']} B shared")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     which_kernel = ap.add_mutually_exclusive_group(required=True)
@@ -228,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                               help="the Gluon forward and its config")
     which_kernel.add_argument("--gluon-bwd", type=parse_gluon_bwd, metavar="KERNEL=BM,BN,STAGES,WARPS[,ORDER][,rN]",
                               help="a Gluon backward kernel (dkdv or dq) and its config")
+    which_kernel.add_argument("--cast-dq", action="store_true",
+                              help="the fused backward's dQ cast from an accumulator with spread columns")
     ap.add_argument("--dq-mode", default="add",
                     help="with --gluon-bwd fused=...: how dQ is added (kernels.flash_gluon_bwd.DQ_MODES)")
     ap.add_argument("--rotate", action="store_true",
@@ -255,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         return compile_gluon(args, ap)
     if args.gluon_bwd:
         return compile_gluon_bwd(args, ap)
+    if args.cast_dq:
+        if args.head_dim % 32:
+            ap.error(f"--cast-dq --head-dim {args.head_dim}: spread columns come in groups of 32")
+        return compile_cast_dq(args)
     which, cfg = args.pin
 
     jit_fn = ft._JIT[which]

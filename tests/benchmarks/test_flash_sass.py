@@ -359,6 +359,27 @@ def test_the_shipped_fused_kernels_keep_their_wgmmas_in_flight(tmp_path, head_di
     assert total >= 48 and waited <= total // 8, (total, waited)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_spread_dq_cast_moves_whole_rows_and_puts_columns_back_in_registers(tmp_path, head_dim):
+    # cast_dq for the staged modes: 16-byte loads of the fp32 accumulator and 16-byte stores of dQ, the
+    # columns put back by warp shuffles, with no shared memory and no stack (torch.mul of the permuted view
+    # ran 1.8x the plain cast's time on an H100)
+    r = _run("--cast-dq", "--head-dim", str(head_dim), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / f"cast_dq_spread_d{head_dim}_bf16.json").read_text())
+    ops = report["sass_ops"]
+    elems = 64 * head_dim // 128  # a thread's share of a 64-row block
+    assert ops.get("LDG.E.128", 0) == elems // 4 and ops.get("STG.E.128", 0) == elems // 8, ops
+    assert all(op.endswith(".128") for op in ops if op.startswith(("LDG", "STG"))), ops
+    assert not any(op.startswith(("STS", "LDS")) for op in ops), ops
+    assert report["stack_bytes"] == 0 and report["shared_bytes"] == 0, report
+
+
+def test_the_spread_dq_cast_wants_whole_groups_of_32_columns(tmp_path):
+    r = _run("--cast-dq", "--head-dim", "48", "--out", str(tmp_path))
+    assert r.returncode == 2 and "groups of 32" in r.stderr
+
+
 def _sass_text(path) -> list[str]:
     """A SASS listing's instructions, without the addresses in their comments."""
     return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in path.read_text().splitlines()

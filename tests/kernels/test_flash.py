@@ -543,12 +543,17 @@ def test_the_forward_asks_for_the_gluon_kernel_from_gluon_fwd_min_seq_queries_an
 
 def test_the_fused_backward_scales_the_summed_dq_and_plans_the_same_three_steps(monkeypatch):
     # _fused_backward's host side, with the Gluon kernel stood in for by one that adds 2q into the fp32
-    # accumulator and copies k, v into dK, dV: dQ comes out as the zeroed-then-summed accumulator over
-    # sqrt(d), cast to q's dtype, and the remembered plan (prep, kernel, cast again) gives the same
+    # accumulator, its columns spread as the shipped config's staging stores leave them, and copies k, v
+    # into dK, dV: dQ comes out as the zeroed-then-summed accumulator over sqrt(d), columns put back, cast to
+    # q's dtype, and the remembered plan (prep, kernel, cast again) gives the same
+    import kernels.flash_gluon_bwd as gb
     import kernels.flash_triton as ft
 
+    cfg = gb.FUSED_CONFIG_WS
+    assert gb.spreads_columns(64, cfg, "turns")
+
     def kernel(q, k, v, do, lse, delta, dk, dv, acc):
-        acc += 2 * q.float().reshape(acc.shape)
+        acc += gb.spread_columns(2 * q.float().reshape(acc.shape))
         dk.copy_(k.reshape(dk.shape))
         dv.copy_(v.reshape(dv.shape))
 
@@ -562,7 +567,7 @@ def test_the_fused_backward_scales_the_summed_dq_and_plans_the_same_three_steps(
     o, lse = ft.flash_attention_forward(q, k, v, True)
     key = ("test-fused-plan",)
     want_dq = (2 * q.float() / 8).to(q.dtype)  # 1/sqrt(64)
-    got = ft._fused_backward(q, k, v, o, lse, do, True, "cfg", 1, False, key, True)
+    got = ft._fused_backward(q, k, v, o, lse, do, True, cfg, 1, False, key, True)
     for a, b in zip(got, (want_dq, k, v), strict=True):
         assert a.dtype == q.dtype and torch.equal(a, b)
     again = ft._PLANS.pop(key)(q, k, v, o, lse, do)
