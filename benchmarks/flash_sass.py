@@ -38,7 +38,7 @@ from benchmarks.flash_gluon_bwd_ab import parse_config as parse_bwd_config
 from kernels.names import DTYPES, torch_dtype
 
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
-INT_ARGS = {"H", "n_q", "n_k", "dq_rows", "seq_bucket"}
+INT_ARGS = {"H", "n_q", "n_k", "dq_rows", "seq_bucket", "n_rows"}
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
 FP32_TENSORS = {"L", "Delta", "DQ_ACC"}
 EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile
@@ -231,9 +231,7 @@ def compile_cast_dq(args) -> int:
 
     jit_fn = flash_gluon_bwd._cast_dq_spread_kernel
     constexprs = {"HEAD_DIM": args.head_dim, "ROWS": flash_gluon_bwd.PREP_ROWS}
-    sig = {"ACC": "*fp32", "DQ": "*" + args.dtype, "n_rows": "i32", "sm_scale": "fp32",
-           "HEAD_DIM": "constexpr", "ROWS": "constexpr"}
-    attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    sig, attrs = signature(jit_fn, constexprs, args.dtype)
     compiled = triton.compile(ASTSource(jit_fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": 4})
     report = write_listing(compiled, args.out / f"cast_dq_spread_d{args.head_dim}_{args.dtype}",

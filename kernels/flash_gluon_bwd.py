@@ -983,7 +983,7 @@ DQ_MODES = ("add", "red", "probe", "tma", "turns", "turns-t", "halves")
 _DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4, "turns-t": 5, "halves": 6}
 _STAGED = ("tma", "turns", "turns-t", "halves")  # the modes that add dQ by the copy engine, from fp32 staging tiles
 _SHARED = ("turns", "turns-t", "halves")  # the modes whose consumers share their dS^T and add the program's share
-_SPREAD = ("tma", "turns", "halves")  # the staged modes whose tiles are row-major: columns spread (spreads_columns)
+_SPREAD = tuple(m for m in _STAGED if m != "turns-t")  # row-major staging tiles: columns spread (spreads_columns)
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
@@ -1300,14 +1300,14 @@ def _cast_dq_t_kernel(ACC, DQ, n_q, q_cols, sm_scale, HEAD_DIM: tl.constexpr, RO
 
 
 @triton.jit
-def _cast_dq_spread_kernel(ACC, DQ, n_rows, sm_scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+def _cast_dq_spread_kernel(DQ_ACC, DQ, n_rows, sm_scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
     """dQ rows [pid * ROWS, + ROWS) of the flattened (rows, HEAD_DIM) tensors from an accumulator whose
     columns are spread (spreads_columns): read and written whole rows at a time, the columns put back on
     chip (acc's 32g + 16b + 4a + c is dQ's 32g + 8a + 4b + c), scaled, cast to DQ's dtype."""
     offs_m = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     offs = offs_m[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     row_ok = offs_m[:, None] < n_rows
-    acc = tl.load(ACC + offs, mask=row_ok, other=0.0)
+    acc = tl.load(DQ_ACC + offs, mask=row_ok, other=0.0)
     acc = tl.permute(tl.reshape(acc, (ROWS, HEAD_DIM // 32, 2, 4, 4)), (0, 1, 3, 2, 4))
     tl.store(DQ + offs, (tl.reshape(acc, (ROWS, HEAD_DIM)) * sm_scale).to(DQ.dtype.element_ty), mask=row_ok)
 
