@@ -38,7 +38,8 @@ from benchmarks.flash_gluon_bwd_ab import parse_config as parse_bwd_config
 from kernels.names import DTYPES, torch_dtype
 
 # runtime parameters that are not pointers; every other non-constexpr parameter is a tensor
-INT_ARGS = {"H", "n_q", "n_k", "dq_rows", "seq_bucket", "n_rows"}
+INT_ARGS = {"H", "n_q", "n_k", "dq_rows", "seq_bucket", "n_rows", "n_zh", "group"}
+ANY_INT = {"H", "n_zh", "group"}  # ints the listing does not assume multiples of 16
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
 FP32_TENSORS = {"L", "Delta", "DQ_ACC"}
 EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile
@@ -54,7 +55,7 @@ def signature(jit_fn, constexprs: dict, dtype: str) -> tuple[dict, dict]:
             sig[name] = "constexpr"
         elif name.startswith("stride") or name in INT_ARGS:
             sig[name] = "i32"
-            if name != "H":
+            if name not in ANY_INT:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOAT_ARGS:
             sig[name] = "fp32"

@@ -43,6 +43,7 @@ GPU runs it (CPU tests compile it for sm_90: tests/kernels/test_flash_gluon.py).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -60,7 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.names import GLUON_KV_SUFFIX, GLUON_MODES, GLUON_RS_SUFFIX
+from kernels.names import GLUON_KV_SUFFIX, GLUON_MODES, GLUON_PERSISTENT_SUFFIX, GLUON_RS_SUFFIX
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -431,13 +432,14 @@ def _tile_row(t, first_row, shift, n_iter, ROWS: gl.constexpr, ROTATE: gl.conste
 
 @gluon.jit
 def _ws_stream(a_desc, b_desc, a_smem, b_smem, ready_bars, empty_bars, first_row, n_iter, ROWS: gl.constexpr,
-               STAGES: gl.constexpr, shift=0, ROTATE: gl.constexpr = False):
+               STAGES: gl.constexpr, shift=0, ROTATE: gl.constexpr = False, base=0):
     """A producer's stream: tile t (rows _tile_row(t, ...) of both tensors: first_row + t * ROWS unless
-    ROTATE) into slot t % STAGES once every consumer has released the slot's previous tile (a fresh
-    mbarrier counts its phase "-1" as complete); the copy engine completes the slot's ready barrier."""
+    ROTATE) into slot (base + t) % STAGES once every consumer has released the slot's previous tile (a fresh
+    mbarrier counts its phase "-1" as complete); the copy engine completes the slot's ready barrier. base:
+    the ring's tiles before this stream's (a persistent program's earlier query tiles)."""
     for t in range(n_iter):
-        slot = t % STAGES
-        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
+        slot = (base + t) % STAGES
+        mbarrier.wait(empty_bars.index(slot), (((base + t) // STAGES) & 1) ^ 1)
         ready = ready_bars.index(slot)
         mbarrier.expect(ready, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
         row = _tile_row(t, first_row, shift, n_iter, ROWS, ROTATE)
@@ -450,11 +452,25 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
                  n_iter, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
                  SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
-    """Consumer warpgroup WHICH: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through the key tiles they see
-    (n_mine below), in the overlapped order; O and L to global memory (O, L: this (z, h)'s bases). PINGPONG: the two
-    consumers take turns to issue their matmuls (_my_turn), so one's softmax runs under the other's.
-    SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s slot is released as soon as
-    S(t) is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot, released after the P V."""
+    """Consumer warpgroup WHICH of a program that takes one query tile (_ws_tile: its first Q, its first
+    n_iter ring slots)."""
+    _ws_tile(q_smem, k_smem, v_smem, q_bar, 0, None, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m,
+             n_q, n_k, n_iter, 0, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, SPLIT_KV, WHICH)
+
+
+@gluon.jit
+def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_bars, turn_bars, O, stride_om, L,
+             start_m, n_q, n_k, n_iter, base, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
+             SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
+    """Consumer warpgroup WHICH on one query tile: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through the key
+    tiles they see (n_mine below), in the overlapped order; O and L to global memory (O, L: this (z, h)'s
+    bases). The tile's Q is q_bar's phase q_phase, and its key tiles the ring's tiles base, base + 1, ... (slot
+    (base + t) % STAGES); q_free (the persistent kernel's; None otherwise) is arrived at once its Q is read
+    for the last time. PINGPONG: the two consumers take turns to issue their matmuls (_my_turn), so one's
+    softmax runs under the other's. SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s
+    slot is released as soon as S(t) is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot,
+    released after the P V."""
     rows: gl.constexpr = q_smem.type.shape[1]
     # three consumers have 160 registers each (WS_CONSUMER_REGS): P is carried to the next step's P V in
     # 16 bits (64 x 128 scores: 32 registers a thread, not 64), beside S (64) and O (32 at d=64)
@@ -474,33 +490,36 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     else:
         n_mine = gl.where(first_row < n_q, n_mine, 0)
 
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, q_phase)
     if n_mine > 0:
         q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
-        mbarrier.wait(ready_bars.index(0), 0)  # (K(0)'s barrier either way)
-        p, m_i, l_i = _first_tile(q_mine, k_smem.index(0), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
+        mbarrier.wait(ready_bars.index(base % STAGES), (base // STAGES) & 1)  # (K's barrier either way)
+        p, m_i, l_i = _first_tile(q_mine, k_smem.index(base % STAGES), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
                                   IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
         if NARROW_P:
             p = p.to(q_smem.dtype)
         if SPLIT_KV:
-            mbarrier.arrive(empty_bars.index(0), count=1)
+            mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
         acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
         for t in range(1, n_mine):
-            prev = (t - 1) % STAGES
-            mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
+            r = base + t  # the ring's count of this tile
+            prev = (r - 1) % STAGES
+            mbarrier.wait(ready_bars.index(r % STAGES), (r // STAGES) & 1)
             if SPLIT_KV:
-                mbarrier.wait(_kv_bar(ready_bars, prev, True, STAGES, True), ((t - 1) // STAGES) & 1)
-            p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(t % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
+                mbarrier.wait(_kv_bar(ready_bars, prev, True, STAGES, True), ((r - 1) // STAGES) & 1)
+            p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(r % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
                                                 t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
                                                 IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
-                                                empty_bars.index(t % STAGES), SPLIT_KV)
+                                                empty_bars.index(r % STAGES), SPLIT_KV)
             if NARROW_P:
                 p = p.to(q_smem.dtype)
             # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
             mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
-        last = (n_mine - 1) % STAGES
+        if q_free is not None:  # every score matmul has read Q: the next tile's may come in
+            mbarrier.arrive(q_free, count=1)
+        last = (base + n_mine - 1) % STAGES
         if SPLIT_KV:
-            mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((n_mine - 1) // STAGES) & 1)
+            mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((base + n_mine - 1) // STAGES) & 1)
         _my_turn(turn_bars, n_mine, WHICH, PINGPONG)
         acc = _pv(p, v_smem.index(last), acc, o_layout)
         _their_turn(turn_bars, WHICH, PINGPONG)
@@ -513,7 +532,10 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
         gl.store(o_ptrs, out.to(q_smem.dtype), mask=gl.expand_dims(offs_om < n_q, 1))
-    for t in range(n_mine, n_iter):  # past this consumer's rows: wait for each tile, release it unread
+    else:
+        if q_free is not None:
+            mbarrier.arrive(q_free, count=1)
+    for t in range(base + n_mine, base + n_iter):  # past this consumer's rows: wait for each, release it unread
         mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
         mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
         if SPLIT_KV:
@@ -594,6 +616,140 @@ def _fwd_ws_kernel(Q, K, V, O, L,
                           n_iter, BLOCK_N, STAGES, CONSUMERS, SPLIT_KV))], [1], [24])
 
 
+# ----------------------------------------------------------------------------------------------
+# persistent: one program an SM, which takes query tile after query tile
+# ----------------------------------------------------------------------------------------------
+# The warp-specialised kernel above is one program a query tile, and one program an SM fits (at d=128, Q
+# and three 128-key slots: 224 KiB). Between two programs the SM's tensor cores idle: the last tile's
+# P V, O's stores, the program's exit and the next one's start (barriers, descriptors, Q and the first K
+# in flight, the first scores). Persistent, the producer loads the next tile's Q and K as soon as the
+# consumers have read the last Q and freed ring slots, under their last P V and stores. Tiles go
+# round-robin in the non-persistent grid's order (the heaviest causal tiles first): program p takes tiles
+# p, p + programs, ...
+@gluon.jit
+def _schedule_tile(tile, G, T, IS_CAUSAL: gl.constexpr):
+    """(query tile, z*h pair) of the tile-th program of the grid (G, T, ZH / G) in launch order (x fastest),
+    as _program_tile reads its program ids."""
+    pid_m = (tile // G) % T
+    if IS_CAUSAL:
+        pid_m = T - 1 - pid_m
+    return pid_m, tile // (G * T) * G + tile % G
+
+
+@gluon.jit
+def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars,
+                          n_q, n_k, n_tiles, G, IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The producer of the persistent kernel: per query tile, its Q rows once every consumer has read the
+    last tile's (q_free), then its K and V tiles through the ring, which runs on from tile to tile. The
+    descriptors span every (z, h) pair's rows (rows zh * n + i)."""
+    rows: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = CONSUMERS * rows
+    T = gl.cdiv(n_q, BLOCK_M)
+    base = 0
+    j = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        pid_m, pid_zh = _schedule_tile(tile, G, T, IS_CAUSAL)
+        start_m = pid_m * BLOCK_M
+        n_iter, _ = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        mbarrier.wait(q_free, (j & 1) ^ 1)
+        mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(q_desc, [pid_zh * n_q + start_m + c * rows, 0], q_bar, q_smem.index(c))
+        _ws_stream(k_desc, v_desc, k_smem, v_smem, ready_bars, empty_bars, pid_zh * n_k, n_iter, BLOCK_N, STAGES,
+                   base=base)
+        base += n_iter
+        j += 1
+
+
+@gluon.jit
+def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz, stride_oh,
+                            stride_om, L, H, n_q, n_k, n_tiles, G, qk_scale, IS_CAUSAL: gl.constexpr,
+                            HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                            Q_REGS: gl.constexpr, WHICH: gl.constexpr):
+    """Consumer warpgroup WHICH of the persistent kernel: _ws_tile on each of the program's query tiles, in
+    the order the producer loads them."""
+    rows: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0] * rows
+    T = gl.cdiv(n_q, BLOCK_M)
+    base = 0
+    j = 0
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        pid_m, pid_zh = _schedule_tile(tile, G, T, IS_CAUSAL)
+        start_m = pid_m * BLOCK_M
+        n_iter, _ = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        z, h = pid_zh // H, pid_zh % H
+        o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
+        _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, None, o_base, stride_om,
+                 L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, qk_scale, IS_CAUSAL, HEAD_DIM,
+                 BLOCK_N, STAGES, False, Q_REGS, False, WHICH)
+        base += n_iter
+        j += 1
+
+
+@gluon.jit
+def _fwd_persistent_kernel(Q, K, V, O, L,
+                           stride_qz, stride_qh, stride_qm,
+                           stride_kz, stride_kh, stride_kn,
+                           stride_vz, stride_vh, stride_vn,
+                           stride_oz, stride_oh, stride_om,
+                           H, n_q, n_k, qk_scale, n_zh, group,
+                           IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                           STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                           Q_REGS: gl.constexpr):
+    # _fwd_ws_kernel's arguments, then the (z, h) pairs and the grid order's group; a grid of at most one
+    # program an SM. Q, K and V rows are read as one (n_zh * n, HEAD_DIM) matrix each (persistent_error:
+    # their (z, h) pairs lie n rows apart, and key tiles end at n_k, so no tile reads another pair's keys)
+    rows: gl.constexpr = 64  # WG_ROWS
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_desc = tma.make_tensor_descriptor(Q, shape=[n_zh * n_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[rows, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, rows, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_free, count=CONSUMERS)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+    n_tiles = gl.cdiv(n_q, CONSUMERS * rows) * n_zh
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
+                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 0)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
+                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 1)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
+                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 2)),
+            (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
+                                     empty_bars, n_q, n_k, n_tiles, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
+            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
+                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 0)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
+                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 1)),
+            (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
+                                     empty_bars, n_q, n_k, n_tiles, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
+            [4, 1], [CONSUMER_REGS, 24])
+
+
 def config_error(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, elem: int = 2,
                  warp_specialized: bool = False) -> str | None:
     """Why (block_m, block_n, stages, num_warps) cannot run at this head dim, or None if it can.
@@ -660,8 +816,11 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
     warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls. Each with the
     "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand); "ws-kv" and
-    "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv)."""
+    "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv); "ws-p" is "ws" persistent
+    (_fwd_persistent_kernel), which launch runs where persistent_error allows and otherwise runs "ws"."""
     _check_mode(mode)
+    persistent = mode.endswith(GLUON_PERSISTENT_SUFFIX)
+    mode = mode.removesuffix(GLUON_PERSISTENT_SUFFIX)
     q_regs = mode.endswith(GLUON_RS_SUFFIX)
     mode = mode.removesuffix(GLUON_RS_SUFFIX)
     split_kv = mode.endswith(GLUON_KV_SUFFIX)
@@ -670,8 +829,16 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     why = config_error(head_dim, block_m, block_n, stages, num_warps, warp_specialized=warp_specialized)
     if not why and mode == "pingpong" and block_m != 2 * WG_ROWS:
         why = f"pingpong takes two consumer warpgroups: block_m {2 * WG_ROWS}, got {block_m}"
+    if not why and persistent and block_m == WG_ROWS:
+        why = f"ws{GLUON_PERSISTENT_SUFFIX} takes two or three consumer warpgroups: block_m {2 * WG_ROWS} or {3 * WG_ROWS}"
     if why:
         raise ValueError(why)
+    if persistent:
+        consumers = block_m // WG_ROWS
+        return (_fwd_persistent_kernel,
+                dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS[consumers],
+                     Q_REGS=q_regs),
+                {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     if warp_specialized:
         consumers = block_m // WG_ROWS
         return (_fwd_ws_kernel,
@@ -718,17 +885,48 @@ def shipped_config(head_dim: int, is_causal: bool) -> Config | None:
     return SHIPPED_FWD.get((head_dim, bool(is_causal)))
 
 
+def _rows_flatten(t4: torch.Tensor) -> bool:
+    """Whether a (Z, H, n, d) view's rows are those of one (Z * H * n, d) matrix: each (z, h) pair n rows
+    after the one before."""
+    Z, H, n, _ = t4.shape
+    sz, sh, sn, _ = t4.stride()
+    return (H == 1 or sh == n * sn) and (Z == 1 or sz == H * n * sn)
+
+
+def persistent_error(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, block_n: int) -> str | None:
+    """Why the persistent kernel cannot take these (Z, H, n, d) views, or None if it can: it reads Q, K and V
+    as (Z * H * n, d) matrices, so their rows must flatten (_rows_flatten), and its key tiles must end at
+    n_k (a last partial tile would read the next pair's keys where the per-pair descriptors read zeros)."""
+    if not all(_rows_flatten(t) for t in (q4, k4, v4)):
+        return "q, k and v rows do not flatten to one (Z * H * n, d) matrix each"
+    if k4.shape[-2] % block_n:
+        return f"{k4.shape[-2]} keys: not a multiple of the {block_n}-key tile"
+    return None
+
+
+@functools.cache
+def sm_count(device: int) -> int:
+    """The streaming multiprocessors of a CUDA device: the persistent kernel's most programs."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
     """Launch the forward on (q4, k4, v4, o4, lse) ((Z, H, n, d) views and the fp32 (Z, H, n_q) L) at `cfg`,
-    in grid order `group` (flash_triton._head_group). Returns (jit function, compiled kernel, runtime args,
-    constexprs, grid): what flash_triton's launch plans are made from."""
+    in grid order `group` (flash_triton._head_group); "ws-p" where persistent_error allows, "ws" otherwise.
+    Returns (jit function, compiled kernel, runtime args, constexprs, grid): what flash_triton's launch plans
+    are made from."""
     q4, k4, v4, o4, _ = tensors
     kernel, config, options = launch_spec(q4.shape[-1], *cfg)
+    if kernel is _fwd_persistent_kernel and persistent_error(q4, k4, v4, cfg.block_n) is not None:
+        kernel, config, options = launch_spec(q4.shape[-1], *cfg._replace(mode="ws"))
     Z, H, n_q, d = q4.shape
     args = (*tensors, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3], H, n_q, k4.shape[-2],
             qk_scale(d))
     constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
     grid = (group, triton.cdiv(n_q, cfg.block_m), Z * H // group)
+    if kernel is _fwd_persistent_kernel:
+        args += (Z * H, group)
+        grid = (min(math.prod(grid), sm_count(q4.get_device())),)
     ft._ensure_scratch_allocator()
     compiled = kernel[grid](*args, **constexprs, **options)
     return kernel, compiled, args, constexprs, grid

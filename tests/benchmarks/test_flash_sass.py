@@ -445,3 +445,19 @@ def test_the_fused_kernel_issues_dq_where_its_order_says_and_adds_it_in_fp32(tmp
     adds = ("ATOMG.E.ADD", "REDG.E.ADD", "RED.E.ADD")
     atomics = {op: n for op, n in report["sass_ops"].items() if op.startswith(adds)}
     assert atomics and all(".F32" in op for op in atomics), atomics  # fp32 adds (F32 or F32x2), never bf16
+
+
+def test_the_persistent_forward_runs_the_same_consumer_steps_inside_a_loop_over_query_tiles(tmp_path):
+    reports = {}
+    for mode in ("ws", "ws-p"):
+        r = _run("--gluon", f"128,128,3,4,{mode}", "--head-dim", "128", "--out", str(tmp_path))
+        assert r.returncode == 0, r.stderr[-3000:]
+        reports[mode] = json.loads((tmp_path / f"gluon_fwd_128_128_3_4_{mode}_d128.json").read_text())
+
+    def steps(report):  # each consumer's overlapped steps: the loops that issue S(t) and P(t-1) V(t-1)
+        return [loop for loop in report["loops"] if "dot:s_tok" in loop]
+    assert len(steps(reports["ws"])) == 2 and steps(reports["ws-p"]) == steps(reports["ws"])
+    # around them, each consumer's loop over its program's query tiles: the first tile's scores and the
+    # last P V of each
+    tiles = [loop for loop in reports["ws-p"]["loops"] if "dot:s" in loop and "dot:acc" in loop]
+    assert len(tiles) == 2, reports["ws-p"]["loops"]

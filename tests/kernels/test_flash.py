@@ -928,6 +928,52 @@ def test_gpu_gluon_forward_with_three_consumers_gives_the_triton_forwards_output
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("cfg", "shape"), [
+    ((128, 128, 3, 4), (4, 16, 1024, 128)),  # 512 query tiles: about four a program
+    ((128, 128, 3, 4), (1, 2, 256, 128)),    # 4 tiles: most SMs get none
+    ((128, 128, 3, 4), (8, 1, 640, 128)),    # one head a batch row
+    ((192, 128, 4, 4), (3, 5, 1024, 64)),    # 1024 = 5 x 192 + 64: a last Q tile running into the next head's rows
+    ((192, 128, 4, 4), (2, 4, 4096, 64)),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_persistent_forward_gives_the_one_tile_a_program_kernels_output_bit_for_bit(cfg, shape, causal):
+    # "ws-p" runs _ws_tile on each query tile as "ws" does, with the ring and Q's barrier running on from
+    # tile to tile: the same products in the same order, so O and L are bit for bit "ws"'s
+    import kernels.flash_gluon as fg
+    import kernels.flash_triton as ft
+
+    q, k, v, _ = _sm90_inputs(shape, seed=10)
+    views = [ft._as_zhnd(t) for t in (q, k, v)]
+    assert fg.persistent_error(*views, cfg[1]) is None  # (so the persistent kernel is what runs)
+    o4, lse = torch.empty_like(views[0]), torch.empty(views[0].shape[:-1], dtype=torch.float32, device="cuda")
+    group = ft._head_group(causal, shape[0] * shape[1], None)
+    kernel, *_, grid = fg.launch((*views, o4, lse), causal, fg.Config(*cfg, "ws-p"), group)
+    assert kernel is fg._fwd_persistent_kernel and grid[0] <= torch.cuda.get_device_properties(0).multi_processor_count
+    want_o, want_l = fg.flash_attention_forward(q, k, v, causal, *cfg, mode="ws")
+    assert torch.isfinite(want_o).all()
+    assert torch.equal(o4.view(q.shape), want_o) and torch.equal(lse.view(want_l.shape), want_l)
+
+
+@pytest.mark.gpu
+def test_gpu_persistent_forward_falls_back_to_one_tile_a_program_where_it_cannot_run():
+    # a ragged last key tile, and q, k, v of a (b, s, h, d) layout (rows that do not flatten): "ws-p" runs "ws"
+    import kernels.flash_gluon as fg
+    import kernels.flash_triton as ft
+
+    q, k, v, _ = _sm90_inputs((2, 3, 1000, 128), seed=11)
+    ragged = [ft._as_zhnd(t) for t in (q, k, v)]
+    assert "1000 keys" in fg.persistent_error(*ragged, 128)
+    o4, lse = torch.empty_like(ragged[0]), torch.empty(ragged[0].shape[:-1], dtype=torch.float32, device="cuda")
+    assert fg.launch((*ragged, o4, lse), True, fg.Config(128, 128, 3, 4, "ws-p"), 1)[0] is fg._fwd_ws_kernel
+    bshd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in _sm90_inputs((2, 3, 1024, 128), seed=12)[:3]]
+    assert "flatten" in fg.persistent_error(*bshd, 128)
+    for args in ((q, k, v), bshd):
+        want = fg.flash_attention_forward(*args, True, 128, 128, 3, 4, mode="ws")
+        got = fg.flash_attention_forward(*args, True, 128, 128, 3, 4, mode="ws-p")
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
 def test_gpu_gluon_dq_option_launches_the_gluon_dq_kernel_in_the_backward(shape, causal):
     # LaunchOptions(gluon_dq=True) launches the Gluon dQ kernel (which writes Delta too): the backward's dQ

@@ -105,6 +105,41 @@ def test_the_kv_modes_are_the_warp_specialised_kernel_with_split_kv_set_and_only
             flash_gluon.launch_spec(128, 64, 64, 3, 4, other)
 
 
+def test_the_persistent_mode_is_its_own_kernel_with_the_warp_specialised_ones_tiles():
+    kernel, config, options = flash_gluon.launch_spec(128, 128, 128, 3, 4, "ws-p")
+    ws_kernel, ws_config, ws_options = flash_gluon.launch_spec(128, 128, 128, 3, 4, "ws")
+    assert kernel is flash_gluon._fwd_persistent_kernel and ws_kernel is flash_gluon._fwd_ws_kernel
+    assert options == ws_options  # the same warps and registers a block
+    assert ws_config.pop("PINGPONG") is False and ws_config.pop("SPLIT_KV") is False
+    assert config == ws_config
+    assert flash_gluon.launch_spec(64, 192, 128, 4, 4, "ws-p")[1]["CONSUMERS"] == 3
+    with pytest.raises(ValueError, match="two or three consumer warpgroups"):  # one program of 64 rows
+        flash_gluon.launch_spec(128, 64, 128, 3, 4, "ws-p")
+    for other in ("pingpong-p", "ws-kv-p", "ws-rs-p", "overlap-p"):
+        with pytest.raises(ValueError, match=f"mode '{other}'"):
+            flash_gluon.launch_spec(128, 128, 128, 3, 4, other)
+
+
+def test_the_persistent_kernel_takes_rows_that_flatten_and_whole_key_tiles():
+    # it reads Q, K and V as (Z * H * n, d) matrices: each (z, h) pair's rows n rows after the last pair's,
+    # and no key tile running into the next pair's keys
+    x = torch.empty(2, 3, 1024, 128)
+    assert flash_gluon.persistent_error(x, x, x, 128) is None
+    bshd = torch.empty(2, 1024, 3, 128).transpose(1, 2)  # (b, s, h, d) memory seen as (b, h, s, d)
+    assert "flatten" in flash_gluon.persistent_error(x, bshd, x, 128)
+    assert flash_gluon.persistent_error(bshd[:1], bshd[:1], bshd[:1], 128) is not None  # one batch row, h > 1
+    one_head = torch.empty(4, 1024, 1, 128).transpose(1, 2)  # h = 1: each batch row's rows follow the last's
+    assert flash_gluon.persistent_error(one_head, one_head, one_head, 128) is None
+    padded = torch.empty(2, 3, 1100, 128)[:, :, :1024]  # each pair 1100 rows apart
+    assert "flatten" in flash_gluon.persistent_error(padded, padded, padded, 128)
+    ragged = torch.empty(2, 3, 1000, 128)
+    assert "1000 keys" in flash_gluon.persistent_error(x, ragged, ragged, 128)
+    assert flash_gluon.persistent_error(x, ragged[:, :, :960], ragged[:, :, :960], 64) is not None  # strides
+    whole = torch.empty(2, 3, 960, 128)
+    assert flash_gluon.persistent_error(x, whole, whole, 64) is None and "960 keys" in (
+        flash_gluon.persistent_error(x, whole, whole, 128))
+
+
 def test_the_scale_is_log2e_over_sqrt_d():
     assert flash_gluon.qk_scale(64) == pytest.approx(1.4426950408889634 / 8)
 
