@@ -1139,9 +1139,11 @@ def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plan
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2, 8, 512, 64), (2, 4, 512, 128),  # d=128: the Gluon dK/dV kernel
-                                   (1, 2, 4096, 128)])  # the Gluon forward and the fused backward, as shipped
-def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape):
+@pytest.mark.parametrize(("shape", "causal"), [
+    ((2, 8, 512, 64), True), ((2, 4, 512, 128), True),  # d=128: the Gluon dK/dV kernel
+    ((1, 2, 4096, 128), True),  # the Gluon forward and the fused backward, as shipped
+    ((1, 2, 4096, 128), False), ((1, 2, 4096, 64), False)])  # the persistent forward, as shipped
+def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape, causal):
     # a captured step replays on new inputs to what an eager step gives them: bit for bit, but the fused
     # backward's dQ, whose fp32 adds land in any order (within rounding then)
     import kernels.flash_triton as ft
@@ -1152,7 +1154,7 @@ def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape):
 
     def step():
         q.grad = k.grad = v.grad = None
-        out = FlashAttentionTriton.apply(q, k, v, True)
+        out = FlashAttentionTriton.apply(q, k, v, causal)
         out.backward(do)
         return out
 
@@ -1173,7 +1175,7 @@ def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape):
         graph.replay()
         torch.cuda.synchronize()
         want = _run(FlashAttentionTriton, nq.double().cpu(), nk.double().cpu(), nv.double().cpu(),
-                    ndo.double().cpu(), True, torch.bfloat16)
+                    ndo.double().cpu(), causal, torch.bfloat16)
         assert torch.equal(static_out, want[0])
         for name, got, ref in zip(("dq", "dk", "dv"), static_grads, want[2:], strict=True):
             if fused and name == "dq":
