@@ -28,6 +28,8 @@ for that long a round, the median round counting (flash_ab's sustained mode):
                             adding no row (what the adds' traffic costs; 64-query configs); --dq-mode picks
                             the modes; with --rotate each ws one also with a _rot suffix: the kernel's
                             non-causal programs each starting at their own query tile (flash_gluon_bwd's rotate)
+  cast_dq, cast_dq_spread    with --fused-config, the fused backward's last pass alone on an fp32 accumulator: the
+                            plain cast, and the one that also puts spread columns back (spreads_columns)
   base_fused_*              with --baseline FILE (another kernels/flash_gluon_bwd.py), that version's fused
                             backward and kernel at every fused config and mode, in the same rotation
                             (speedup_vs_baseline: > 1 where this tree's is faster)
@@ -234,6 +236,10 @@ def measure_shape(shape: tuple[int, ...], causal: bool, configs: list, dq_config
             for rot in rotations:
                 calls[f"fused_probe_{config_name(cfg)}" + ("_rot" if rot else "")] = (
                     lambda cfg=cfg, t=kernel_args, g=group, r=rot: gb.launch("fused", t, causal, cfg, g, "probe", r))
+    if fused_configs and q.shape[-1] % 32 == 0:  # the cast alone, plain and putting spread columns back
+        acc = torch.randn(q.shape, device="cuda", dtype=torch.float32, generator=gen)
+        calls["cast_dq"] = lambda: gb.cast_dq(acc, q)
+        calls["cast_dq_spread"] = lambda: gb.cast_dq(acc, q, True)
     pairs = [(t.reshape(-1, t.shape[-2], t.shape[-1])) for t in (q, k, v, do)]
     for zh in (0, pairs[0].shape[0] - 1):
         ref = dict(zip(("dq", "dk", "dv"), reference_grads(*(t[zh] for t in pairs), causal), strict=True))

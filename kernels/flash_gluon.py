@@ -830,7 +830,8 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     if not why and mode == "pingpong" and block_m != 2 * WG_ROWS:
         why = f"pingpong takes two consumer warpgroups: block_m {2 * WG_ROWS}, got {block_m}"
     if not why and persistent and block_m == WG_ROWS:
-        why = f"ws{GLUON_PERSISTENT_SUFFIX} takes two or three consumer warpgroups: block_m {2 * WG_ROWS} or {3 * WG_ROWS}"
+        why = (f"ws{GLUON_PERSISTENT_SUFFIX} takes two or three consumer warpgroups: block_m {2 * WG_ROWS} or "
+               f"{3 * WG_ROWS}")
     if why:
         raise ValueError(why)
     if persistent:
