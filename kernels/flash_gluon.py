@@ -25,16 +25,19 @@ mbarrier the copy engine signals. Two kernels run that loop:
                   on their own and release slots through mbarriers, PINGPONG makes two take turns to
                   issue their matmuls, and SPLIT_KV gives K and V slots barriers of their own, so K(t)'s
                   slot refills once S(t) is done
+  _fwd_persistent_kernel  the same producer and consumers in one program an SM, each taking query tile
+                  after query tile, the next tile's Q and K/V loaded under the last one's final P V
 
-The warp-specialised kernel with 128-key tiles is what flash_triton's forward launches (SHIPPED_FWD): at
-d=128 two consumers and three slots, which under sustained load on an H100 ran 1.10x-1.14x the Triton
-forward, 0.95x-1.08x cuDNN's (docs/results/h100/gluon_paths/README.md); at d=64 three consumers (192 rows a
-program, FA-3's d=64 forward) and four slots, 1.03x-1.14x the Triton forward and 1.01x-1.11x cuDNN's from
-seq 8192 (docs/results/h100/fwd_d64/README.md), where two consumers had been slower than the Triton
-forward. The other configs and modes are studies: within about 10 % of the Triton forward at d=128 and
-slower at d=64 (docs/results/h200/flash_gluon/README.md). Their
-helpers (layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too, whose
-kernels the backward launches at d=128.
+The warp-specialised kernel with 128-key tiles is what flash_triton's forward launches (SHIPPED_FWD, the
+persistent one for non-causal calls): at d=128 two consumers and three slots, which under sustained load
+on an H100 ran 1.10x-1.14x the Triton forward, 0.95x-1.08x cuDNN's (docs/results/h100/gluon_paths/
+README.md); at d=64 three consumers (192 rows a program, FA-3's d=64 forward) and four slots, 1.03x-1.14x
+the Triton forward and 1.01x-1.11x cuDNN's from seq 8192 (docs/results/h100/fwd_d64/README.md), where two
+consumers had been slower than the Triton forward. Persistent, non-causal calls at seq 4096 ran 1.01x-1.05x
+that (docs/results/h100/persistent/README.md). The other configs and modes are studies: within about 10 %
+of the Triton forward at d=128 and slower at d=64 (docs/results/h200/flash_gluon/README.md). Their helpers
+(layouts, program tiles, the K/V ring and its refill) serve kernels/flash_gluon_bwd.py too, whose kernels
+the backward launches at d=128.
 
 Same contract as kernels/flash_triton.py's forward: (Z, H, n, d) views with their own strides (unit
 stride along d, 16-byte aligned rows), causal aligned top-left, O in the input dtype, L = natural-log
@@ -877,10 +880,10 @@ FWD_CONFIG_WS = Config(128, 128, 3, 4, "ws")
 # (docs/results/h100/fwd_d64/README.md).
 FWD_CONFIG_WS_D64 = Config(192, 128, 4, 4, "ws")
 # Non-causal, both persistent ("ws-p"): under sustained load on an H100 (three rounds of 300 ms, in one rotation
-# with "ws"), 1.023x "ws" at (4, 16, 4096, 128) and 1.043x at (4, 32, 4096, 64)
-# (docs/results/h100/persistent/README.md). Causal calls keep "ws": their tiles are of unequal work, and the
-# round-robin of the persistent kernel ran them 0.79x-0.81x at seq 4096 where the hardware's scheduler
-# balances them.
+# with "ws", two leases), 1.023x and 1.013x "ws" at (4, 16, 4096, 128), 1.043x and 1.046x at (4, 32, 4096, 64);
+# at seq 8192 and 16384 within that method's spread (docs/results/h100/persistent/README.md). Causal calls keep
+# "ws": their tiles are of unequal work, and the persistent kernel's round-robin ran them 0.79x-0.81x at seq
+# 4096, where the hardware's scheduler balances them.
 SHIPPED_FWD = {(128, True): FWD_CONFIG_WS, (128, False): FWD_CONFIG_WS._replace(mode="ws-p"),
                (64, True): FWD_CONFIG_WS_D64, (64, False): FWD_CONFIG_WS_D64._replace(mode="ws-p")}
 
