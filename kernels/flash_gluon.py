@@ -630,13 +630,16 @@ def _fwd_ws_kernel(Q, K, V, O, L,
 # round-robin in the non-persistent grid's order (the heaviest causal tiles first): program p takes tiles
 # p, p + programs, ...
 @gluon.jit
-def _schedule_tile(tile, G, T, IS_CAUSAL: gl.constexpr):
-    """(query tile, z*h pair) of the tile-th program of the grid (G, T, ZH / G) in launch order (x fastest),
-    as _program_tile reads its program ids."""
+def _schedule_tile(tile, G, T, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(z*h pair, first query row, key tiles) of the tile-th program of the grid (G, T, ZH / G) in launch
+    order (x fastest), as _program_tile reads its program ids; what the producer and each consumer work out
+    alike for every tile they take."""
     pid_m = (tile // G) % T
     if IS_CAUSAL:
         pid_m = T - 1 - pid_m
-    return pid_m, tile // (G * T) * G + tile % G
+    start_m = pid_m * BLOCK_M
+    n_iter, _ = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    return tile // (G * T) * G + tile % G, start_m, n_iter
 
 
 @gluon.jit
@@ -652,9 +655,7 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
     base = 0
     j = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, pid_zh = _schedule_tile(tile, G, T, IS_CAUSAL)
-        start_m = pid_m * BLOCK_M
-        n_iter, _ = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        pid_zh, start_m, n_iter = _schedule_tile(tile, G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         mbarrier.wait(q_free, (j & 1) ^ 1)
         mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
         for c in gl.static_range(CONSUMERS):
@@ -678,9 +679,7 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, e
     base = 0
     j = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, pid_zh = _schedule_tile(tile, G, T, IS_CAUSAL)
-        start_m = pid_m * BLOCK_M
-        n_iter, _ = _key_tiles(start_m, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        pid_zh, start_m, n_iter = _schedule_tile(tile, G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
         o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
         _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, None, o_base, stride_om,
