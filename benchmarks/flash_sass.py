@@ -42,6 +42,7 @@ INT_ARGS = {"H", "n_q", "n_k", "dq_rows", "seq_bucket", "n_rows", "n_zh", "group
 ANY_INT = {"H", "n_zh", "group"}  # ints the listing does not assume multiples of 16
 FLOAT_ARGS = {"qk_scale", "sm_scale"}
 FP32_TENSORS = {"L", "Delta", "DQ_ACC"}
+INT32_TENSORS = {"SCHEDULE"}
 EVEN_LENGTH = 16384  # the sequence length the listing assumes: a multiple of every tile
 
 
@@ -60,7 +61,8 @@ def signature(jit_fn, constexprs: dict, dtype: str) -> tuple[dict, dict]:
         elif name in FLOAT_ARGS:
             sig[name] = "fp32"
         else:
-            sig[name] = "*fp32" if name in FP32_TENSORS else "*" + dtype  # our dtype names are Triton's
+            sig[name] = ("*fp32" if name in FP32_TENSORS else "*i32" if name in INT32_TENSORS
+                         else "*" + dtype)  # our dtype names are Triton's
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 

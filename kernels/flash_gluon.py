@@ -47,6 +47,8 @@ GPU runs it (CPU tests compile it for sm_90: tests/kernels/test_flash_gluon.py).
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import math
 from typing import NamedTuple
 
@@ -626,9 +628,10 @@ def _fwd_ws_kernel(Q, K, V, O, L,
 # and three 128-key slots: 224 KiB). Between two programs the SM's tensor cores idle: the last tile's
 # P V, O's stores, the program's exit and the next one's start (barriers, descriptors, Q and the first K
 # in flight, the first scores). Persistent, the producer loads the next tile's Q and K as soon as the
-# consumers have read the last Q and freed ring slots, under their last P V and stores. Tiles go
-# round-robin in the non-persistent grid's order (the heaviest causal tiles first): program p takes tiles
-# p, p + programs, ...
+# consumers have read the last Q and freed ring slots, under their last P V and stores. Which tiles a
+# program takes, and in what order, is a table made on the host (tile_schedule): the non-persistent grid's
+# tiles in its launch order (the heaviest causal tiles first), each to the program that would be free
+# first, as the hardware hands a grid's programs to SMs.
 @gluon.jit
 def _schedule_tile(tile, G, T, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(z*h pair, first query row, key tiles) of the tile-th program of the grid (G, T, ZH / G) in launch
@@ -644,7 +647,7 @@ def _schedule_tile(tile, G, T, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 
 @gluon.jit
 def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars,
-                          n_q, n_k, n_tiles, G, IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                          n_q, n_k, SCHEDULE, G, IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
     """The producer of the persistent kernel: per query tile, its Q rows once every consumer has read the
     last tile's (q_free), then its K and V tiles through the ring, which runs on from tile to tile. The
@@ -654,8 +657,9 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
     T = gl.cdiv(n_q, BLOCK_M)
     base = 0
     j = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_zh, start_m, n_iter = _schedule_tile(tile, G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    tiles = SCHEDULE + gl.num_programs(0) + 1
+    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+        pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         mbarrier.wait(q_free, (j & 1) ^ 1)
         mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
         for c in gl.static_range(CONSUMERS):
@@ -668,7 +672,7 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
 
 @gluon.jit
 def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz, stride_oh,
-                            stride_om, L, H, n_q, n_k, n_tiles, G, qk_scale, IS_CAUSAL: gl.constexpr,
+                            stride_om, L, H, n_q, n_k, SCHEDULE, G, qk_scale, IS_CAUSAL: gl.constexpr,
                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             Q_REGS: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH of the persistent kernel: _ws_tile on each of the program's query tiles, in
@@ -678,8 +682,9 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, e
     T = gl.cdiv(n_q, BLOCK_M)
     base = 0
     j = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_zh, start_m, n_iter = _schedule_tile(tile, G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    tiles = SCHEDULE + gl.num_programs(0) + 1
+    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+        pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
         o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
         _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, None, o_base, stride_om,
@@ -695,13 +700,14 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
                            stride_kz, stride_kh, stride_kn,
                            stride_vz, stride_vh, stride_vn,
                            stride_oz, stride_oh, stride_om,
-                           H, n_q, n_k, qk_scale, n_zh, group,
+                           H, n_q, n_k, qk_scale, n_zh, group, SCHEDULE,
                            IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                            Q_REGS: gl.constexpr):
-    # _fwd_ws_kernel's arguments, then the (z, h) pairs and the grid order's group; a grid of at most one
-    # program an SM. Q, K and V rows are read as one (n_zh * n, HEAD_DIM) matrix each (persistent_error:
-    # their (z, h) pairs lie n rows apart, and key tiles end at n_k, so no tile reads another pair's keys)
+    # _fwd_ws_kernel's arguments, then the (z, h) pairs, the grid order's group and the int32 tile schedule
+    # (tile_schedule: where each program's tiles start in it, then the tiles); a grid of at most one program an
+    # SM. Q, K and V rows are read as one (n_zh * n, HEAD_DIM) matrix each (persistent_error: their (z, h) pairs
+    # lie n rows apart, and key tiles end at n_k, so no tile reads another pair's keys)
     rows: gl.constexpr = 64  # WG_ROWS
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], dtype)
@@ -724,31 +730,30 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
     for i in gl.static_range(STAGES):
         mbarrier.init(ready_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
-    n_tiles = gl.cdiv(n_q, CONSUMERS * rows) * n_zh
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
                                        HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 0)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
                                        HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 1)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
                                        HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 2)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
-                                     empty_bars, n_q, n_k, n_tiles, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
+                                     empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
                                        HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 0)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, n_tiles, group, qk_scale, IS_CAUSAL,
+                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
                                        HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 1)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
-                                     empty_bars, n_q, n_k, n_tiles, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
+                                     empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -912,6 +917,63 @@ def persistent_error(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, block
     return None
 
 
+# A tile's cost to the schedule, in key tiles: its key tiles, plus this for the part every tile pays once (Q's
+# load, the pipeline's fill and drain, the final scaling, O's and L's stores). Over the 2048 causal tiles of
+# (4, 16, 4096, 128) on 132 programs, the busiest program's modelled work is 1.002x the mean at 0, 1 or 2 and
+# 1.017x at 4; round-robin gives 1.50x (tests/kernels/test_flash_gluon.py counts it).
+TILE_FIXED_COST = 1
+
+
+def tile_costs(n_zh: int, n_q: int, n_k: int, block_m: int, block_n: int, group: int, is_causal: bool) -> list[int]:
+    """Each query tile's key tiles (_key_tiles), the tiles in the non-persistent grid's launch order
+    (_schedule_tile: groups of `group` (z, h) pairs, each group's tiles row by row, heaviest causal row first)."""
+    rows = triton.cdiv(n_q, block_m)
+    if not is_causal:
+        return [triton.cdiv(n_k, block_n)] * (n_zh * rows)
+    per_row = [triton.cdiv(min((rows - 1 - r) * block_m + block_m, n_k), block_n) for r in range(rows)]
+    return [n for n in per_row for _ in range(group)] * (n_zh // group)
+
+
+def tile_schedule(costs: list[int], programs: int) -> list[int]:
+    """The persistent kernel's schedule for tiles of these costs (in launch order) on `programs` programs:
+    programs + 1 offsets, then the tiles, program by program; program p runs tiles[offsets[p]:offsets[p + 1]]
+    in order. Each tile goes to the program that would be free first (ties to the lowest program), costs
+    counted with TILE_FIXED_COST: tiles of equal cost go round-robin, and causal tiles, heaviest first
+    within each group, leave the programs level. Where round-robin leaves the busiest program less work
+    (a few short causal rows a head), round-robin it is."""
+    programs = min(programs, len(costs))
+    free_at = [(0, p) for p in range(programs)]
+    owner = []
+    for cost in costs:
+        at, p = heapq.heappop(free_at)
+        owner.append(p)
+        heapq.heappush(free_at, (at + cost + TILE_FIXED_COST, p))
+    round_robin = [t % programs for t in range(len(costs))]
+    if _busiest(costs, round_robin, programs) <= _busiest(costs, owner, programs):
+        owner = round_robin
+    tiles = sorted(range(len(costs)), key=lambda t: owner[t])  # stable: each program's tiles in launch order
+    counts = [0] * programs
+    for p in owner:
+        counts[p] += 1
+    return [0, *itertools.accumulate(counts)] + tiles
+
+
+def _busiest(costs: list[int], owner: list[int], programs: int) -> int:
+    work = [0] * programs
+    for cost, p in zip(costs, owner, strict=True):
+        work[p] += cost + TILE_FIXED_COST
+    return max(work)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule_tensor(device: int, n_zh: int, n_q: int, n_k: int, block_m: int, block_n: int, group: int,
+                     is_causal: bool) -> torch.Tensor:
+    """tile_schedule for a call, on its device (int32), made once a signature."""
+    costs = tile_costs(n_zh, n_q, n_k, block_m, block_n, group, is_causal)
+    table = tile_schedule(costs, sm_count(device))
+    return torch.tensor(table, dtype=torch.int32, device=f"cuda:{device}")
+
+
 @functools.cache
 def sm_count(device: int) -> int:
     """The streaming multiprocessors of a CUDA device: the persistent kernel's most programs."""
@@ -933,7 +995,9 @@ def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
     constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
     grid = (group, triton.cdiv(n_q, cfg.block_m), Z * H // group)
     if kernel is _fwd_persistent_kernel:
-        args += (Z * H, group)
+        schedule = _schedule_tensor(q4.get_device(), Z * H, n_q, k4.shape[-2], cfg.block_m, cfg.block_n, group,
+                                    bool(is_causal))
+        args += (Z * H, group, schedule)
         grid = (min(math.prod(grid), sm_count(q4.get_device())),)
     ft._ensure_scratch_allocator()
     compiled = kernel[grid](*args, **constexprs, **options)

@@ -958,14 +958,17 @@ class _KernelPlan:
     that object's `__call__` and `compiled[grid]` would add worked out once: the grid, the kernel's
     launch flags, no launch metadata or hooks. Tensors go in as integer addresses, which the C side
     takes as they are; a tensor object would cost it a `data_ptr()` call and a driver query
-    (`cuPointerGetAttribute`) each. A kernel that builds tensor descriptors gets its global scratch
+    (`cuPointerGetAttribute`) each. So do the fixed arguments' tensors (the persistent forward's tile
+    schedule), which the plan keeps alive. A kernel that builds tensor descriptors gets its global scratch
     (`scratch_bytes`, 128 bytes a descriptor a program) from `_stream_scratch`.
     """
 
-    __slots__ = ("launch", "grid", "head", "tail", "fixed", "device", "scratch_bytes")
+    __slots__ = ("launch", "grid", "head", "tail", "fixed", "keep", "device", "scratch_bytes")
 
     def __init__(self, launcher, function, packed_metadata, grid: tuple, fixed: tuple, device: int):
-        self.launch, self.grid, self.fixed, self.device = launcher.launch, grid, fixed, device
+        self.launch, self.grid, self.device = launcher.launch, grid, device
+        self.keep = tuple(a for a in fixed if isinstance(a, torch.Tensor))
+        self.fixed = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in fixed)
         self.head = (function, launcher.launch_cooperative_grid, launcher.launch_pdl)
         self.tail = (packed_metadata, None, None, None)  # launch metadata, enter hook, exit hook
         n_programs = grid[0] * grid[1] * grid[2] * launcher.num_ctas

@@ -1287,6 +1287,26 @@ def test_a_kernel_plan_fills_only_the_tile_parameters_a_kernel_has(monkeypatch):
     assert calls[-1][1][-4:] == (100, 128, 128, 2)  # n_q, then the constexprs in signature order
 
 
+def test_a_kernel_plan_hands_a_fixed_tensor_over_as_its_address_and_keeps_it(monkeypatch):
+    # the persistent forward's tile schedule is a tensor among the fixed arguments: the C side gets its address,
+    # as it gets the call's tensors', and the plan holds the tensor so the address stays valid
+    from types import SimpleNamespace
+
+    import kernels.flash_triton as ft
+
+    calls = []
+    monkeypatch.setattr(ft, "_current_stream", lambda device: 3)
+    jit_fn = SimpleNamespace(arg_names=["Q", "O", "n_q", "SCHEDULE", "HEAD_DIM"])
+    q, o, table = torch.zeros(1), torch.zeros(1), torch.arange(5, dtype=torch.int32)
+    plan = ft._kernel_plan(jit_fn, _recording_compiled(calls), (q, o, 100, table), 2, {"HEAD_DIM": 128}, (128, 128),
+                           (1, 1), 0)
+    address = table.data_ptr()
+    del table
+    plan(q, o)
+    assert calls[-1][1][-3:] == (100, address, 128)
+    assert [t.data_ptr() for t in plan.keep] == [address]
+
+
 def test_a_kernel_plan_gives_a_descriptor_kernel_scratch_for_every_program(monkeypatch):
     import kernels.flash_triton as ft
 

@@ -140,6 +140,67 @@ def test_the_persistent_kernel_takes_rows_that_flatten_and_whole_key_tiles():
         flash_gluon.persistent_error(x, whole, whole, 128))
 
 
+def _launch_order_key_tiles(n_zh, n_q, n_k, block_m, block_n, group, causal):
+    """Each tile's key tiles as the kernel works them out (_schedule_tile, _key_tiles), tile by tile."""
+    rows = -(-n_q // block_m)
+    out = []
+    for tile in range(n_zh * rows):
+        pid_m = (tile // group) % rows
+        start_m = (rows - 1 - pid_m if causal else pid_m) * block_m
+        hi = min(start_m + block_m, n_k) if causal else n_k
+        out.append(-(-hi // block_n))
+    return out
+
+
+@pytest.mark.parametrize(("shape", "block_m", "group", "causal"), [
+    ((64, 4096, 4096), 128, 4, True), ((6, 1000, 1024), 192, 2, True), ((6, 1000, 1024), 192, 1, False),
+    ((3, 640, 768), 128, 3, True)])
+def test_tile_costs_are_the_key_tiles_each_tile_visits_in_launch_order(shape, block_m, group, causal):
+    n_zh, n_q, n_k = shape
+    assert flash_gluon.tile_costs(n_zh, n_q, n_k, block_m, 128, group, causal) == _launch_order_key_tiles(
+        n_zh, n_q, n_k, block_m, 128, group, causal)
+
+
+def _split(table, programs):
+    offsets, tiles = table[:programs + 1], table[programs + 1:]
+    return [tiles[offsets[p]:offsets[p + 1]] for p in range(programs)]
+
+
+def _busiest_share(costs, per_program):
+    work = [sum(costs[t] + flash_gluon.TILE_FIXED_COST for t in tiles) for tiles in per_program]
+    return max(work) / (sum(work) / len(work))
+
+
+@pytest.mark.parametrize(("n_tiles", "programs"), [(2048, 132), (100, 132), (7, 3)])
+def test_tiles_of_equal_work_go_round_robin(n_tiles, programs):
+    table = flash_gluon.tile_schedule([32] * n_tiles, programs)
+    used = min(programs, n_tiles)
+    assert len(table) == used + 1 + n_tiles
+    assert _split(table, used) == [list(range(p, n_tiles, used)) for p in range(used)]
+
+
+def test_causal_tiles_are_handed_out_so_no_program_has_much_more_work_than_the_mean():
+    # (4, 16, 4096, 128) causal at 128 x 128 tiles in groups of 4 heads on 132 programs: round-robin gives
+    # the busiest program about half as much again as the mean
+    costs = flash_gluon.tile_costs(64, 4096, 4096, 128, 128, 4, True)
+    table = flash_gluon.tile_schedule(costs, 132)
+    per_program = _split(table, 132)
+    assert sorted(t for tiles in per_program for t in tiles) == list(range(len(costs)))  # each tile once
+    assert all(tiles == sorted(tiles) for tiles in per_program)  # in launch order
+    round_robin = [list(range(p, len(costs), 132)) for p in range(132)]
+    assert _busiest_share(costs, round_robin) > 1.4
+    assert _busiest_share(costs, per_program) < 1.01
+
+
+def test_the_schedule_keeps_round_robin_where_it_leaves_the_busiest_program_less():
+    # four short causal rows a head (8, 32, 512, 128): the earliest-free rule leaves a heavier tail than
+    # round-robin here, so the schedule is round-robin
+    costs = flash_gluon.tile_costs(256, 512, 512, 128, 128, 4, True)
+    per_program = _split(flash_gluon.tile_schedule(costs, 132), 132)
+    round_robin = [list(range(p, len(costs), 132)) for p in range(132)]
+    assert per_program == round_robin
+
+
 def test_the_scale_is_log2e_over_sqrt_d():
     assert flash_gluon.qk_scale(64) == pytest.approx(1.4426950408889634 / 8)
 
