@@ -1332,27 +1332,43 @@ def cast_dq(acc: torch.Tensor, q: torch.Tensor, spread: bool = False) -> torch.T
     """dQ shaped and typed like q from the fused kernel's fp32 accumulator (dq_accumulator's either layout),
     scaled by 1/sqrt(d) and cast in one pass (the transposed one by _cast_dq_t_kernel). spread: the columns
     are relabelled as spreads_columns says, and are put back in the same pass."""
+    return cast_dq_launch(acc, q, spread)[0]
+
+
+def cast_dq_launch(acc: torch.Tensor, q: torch.Tensor, spread: bool = False) -> tuple[torch.Tensor, tuple | None]:
+    """cast_dq, and how it ran: (jit function, compiled kernel, runtime args, constexprs, grid) where a Triton
+    kernel did, for flash_triton's launch plans (its first two args the tensors: acc, then dQ), or None where
+    torch did (an accumulator of q's shape, columns in place: one torch.mul)."""
     dq_ = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     sm_scale = _scales(q.shape[-1])[0]
     if acc.shape == q.shape and spread:
         # (torch.mul of acc's permuted view did this at 1.8x the plain cast's time on an H100: 138 against 78 us
         # for a (4, 32, 4096, 64) dQ, docs/results/h100/nc_gap/cast_dq_70dbaa0.txt)
         n_rows = acc.numel() // acc.shape[-1]
-        _cast_dq_spread_kernel[(triton.cdiv(n_rows, PREP_ROWS),)](acc, dq_, n_rows, sm_scale, HEAD_DIM=acc.shape[-1],
-                                                                 ROWS=PREP_ROWS)
+        jit_fn, args, grid = _cast_dq_spread_kernel, (acc, dq_, n_rows, sm_scale), (triton.cdiv(n_rows, PREP_ROWS),)
     elif acc.shape == q.shape:
         torch.mul(acc, sm_scale, out=dq_)  # fp32 product, cast into dQ's dtype as it is written
+        return dq_, None
     else:
         Z, H, n_q, d = ft._as_zhnd(q).shape
-        _cast_dq_t_kernel[(triton.cdiv(n_q, PREP_ROWS), Z * H)](acc, dq_, n_q, acc.shape[-1], sm_scale, HEAD_DIM=d,
-                                                               ROWS=PREP_ROWS)
-    return dq_
+        jit_fn, args, grid = (_cast_dq_t_kernel, (acc, dq_, n_q, acc.shape[-1], sm_scale),
+                              (triton.cdiv(n_q, PREP_ROWS), Z * H))
+    constexprs = {"HEAD_DIM": q.shape[-1], "ROWS": PREP_ROWS}
+    compiled = jit_fn[grid](*args, **constexprs)
+    return dq_, (jit_fn, compiled, args, constexprs, grid)
 
 
 def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(Delta, a zeroed fp32 dQ accumulator) for the fused backward: Delta = rowsum(O * dO) in fp32, shaped
     o.shape[:-1]; the accumulator contiguous, shaped like o (`acc` if given, or dq_accumulator's transposed
     one for "turns-t", which comes zeroed). One kernel (_fused_prep_kernel)."""
+    return fused_prep_launch(o, do, acc)[:2]
+
+
+def fused_prep_launch(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = None) -> tuple:
+    """fused_prep, and how it ran: (Delta, the accumulator, (jit function, compiled kernel, runtime args,
+    constexprs, grid)), for flash_triton's launch plans (the args' first four the tensors: O, dO, Delta, the
+    accumulator)."""
     o4, do4 = ft._as_zhnd(o), ft._as_zhnd(do)
     Z, H, n_q, d = o4.shape
     if o.stride(-1) != 1 or do.stride(-1) != 1 or d & (d - 1):
@@ -1366,9 +1382,11 @@ def fused_prep(o: torch.Tensor, do: torch.Tensor, acc: torch.Tensor | None = Non
     if not transposed and (acc.shape != o.shape or acc.dtype != torch.float32 or not acc.is_contiguous()):
         raise ValueError(f"acc {tuple(acc.shape)} {acc.dtype}: want a contiguous fp32 tensor of out's shape "
                          f"{tuple(o.shape)}, or a zeroed transposed one (dq_accumulator)")
-    _fused_prep_kernel[(triton.cdiv(n_q, PREP_ROWS), Z * H)](o4, do4, delta, acc, *o4.stride()[:3], *do4.stride()[:3],
-                                                            H, n_q, HEAD_DIM=d, ROWS=PREP_ROWS, ZERO_ACC=not transposed)
-    return delta, acc
+    args = (o4, do4, delta, acc, *o4.stride()[:3], *do4.stride()[:3], H, n_q)
+    constexprs = {"HEAD_DIM": d, "ROWS": PREP_ROWS, "ZERO_ACC": not transposed}
+    grid = (triton.cdiv(n_q, PREP_ROWS), Z * H)
+    compiled = _fused_prep_kernel[grid](*args, **constexprs)
+    return delta, acc, (_fused_prep_kernel, compiled, args, constexprs, grid)
 
 
 def fused_backward(q, k, v, o, lse, do, is_causal: bool = False, cfg: Config = FUSED_CONFIG,

@@ -1210,33 +1210,53 @@ def _fused_backward(q, k, v, out, lse, grad_out, is_causal: bool, cfg, group: in
                     want_plan: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) from the fused Gluon backward at `cfg` (_gluon_config): Delta and a zeroed fp32 dQ
     accumulator from one Triton kernel (flash_gluon_bwd.fused_prep), the fused kernel adding dQ as
-    shipped_dq_mode says, then dQ scaled by 1/sqrt(d) and cast in one pass. Remembers a plan under
-    `key` when want_plan (the prep kernel is launched through Triton; the fused kernel by its plan)."""
+    shipped_dq_mode says, then dQ scaled by 1/sqrt(d) and cast in one pass (flash_gluon_bwd.cast_dq).
+    Remembers a plan under `key` when want_plan: all three kernels by their plans, where each can be made."""
     from kernels import flash_gluon_bwd
 
     q4, k4, v4, do4 = (_as_zhnd(t) for t in (q, k, v, grad_out))
-    delta, acc = flash_gluon_bwd.fused_prep(out, grad_out)
+    delta, acc, prep = flash_gluon_bwd.fused_prep_launch(out, grad_out)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     tensors = (q4, k4, v4, do4, lse, delta, dk.view(k4.shape), dv.view(v4.shape), acc.view(q4.shape))
     dq_mode = flash_gluon_bwd.shipped_dq_mode(q.shape[-1])
     spread = flash_gluon_bwd.spreads_columns(q.shape[-1], cfg, dq_mode)
     fused = _launch_gluon("fused", cfg, tensors, group, is_causal, q, want_plan, dq_mode)
-    dq = flash_gluon_bwd.cast_dq(acc, q, spread)
+    dq, cast = flash_gluon_bwd.cast_dq_launch(acc, q, spread)
     if fused is not None:
-        shapes, dtype, device = (k.shape, v.shape), q.dtype, q.device
+        prep = _side_plan(prep, 4, q)
+        cast = None if cast is None else _side_plan(cast, 2, q)
+        shapes, dtype, device = (k.shape, v.shape, lse.shape), q.dtype, q.device
 
         def plan(q, k, v, o, lse, do):
             if copy_grad:
                 do = do.contiguous()
-            delta, acc = flash_gluon_bwd.fused_prep(o, do)
+            if prep is None:
+                delta, acc = flash_gluon_bwd.fused_prep(o, do)
+            else:
+                delta = torch.empty(shapes[2], dtype=torch.float32, device=device)
+                acc = torch.empty(q.shape, dtype=torch.float32, device=device)
+                prep(o, do, delta, acc)
             dk = torch.empty(shapes[0], dtype=dtype, device=device)
             dv = torch.empty(shapes[1], dtype=dtype, device=device)
             fused(q, k, v, do, lse, delta, dk, dv, acc)
-            return flash_gluon_bwd.cast_dq(acc, q, spread), dk, dv
-        plan.kernels = (fused,)
+            if cast is None:
+                return flash_gluon_bwd.cast_dq(acc, q, spread), dk, dv
+            dq = torch.empty(q.shape, dtype=dtype, device=device)
+            cast(acc, dq)
+            return dq, dk, dv
+        plan.kernels = tuple(p for p in (prep, fused, cast) if p is not None)
         _remember(key, plan)
     return dq, dk, dv
+
+
+def _side_plan(launched: tuple | None, n_tensors: int, q: torch.Tensor):
+    """A plan for one of the fused backward's small Triton kernels (fused_prep's, the dQ cast's), from how it
+    ran (jit function, compiled kernel, args, constexprs, grid; None where torch ran it), or None."""
+    if launched is None:
+        return None
+    jit_fn, compiled, args, constexprs, grid = launched
+    return _kernel_plan(jit_fn, compiled, args, n_tensors, constexprs, (None, None), grid, q.get_device())
 
 
 def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, fp32_precision: str = "tf32",

@@ -1116,7 +1116,7 @@ def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plan
                                                                                   monkeypatch):
     # flash_triton's backward with the fused Gluon kernel (fused_min_seq=0 takes it at any length; it ships at
     # d=64 and d=128, causal and not, and the monkeypatch keeps each case on FUSED_CONFIG_WS): every row of dQ, dK, dV
-    # within rounding of the split backward's, a plan made, and the planned call the same again (dQ up to
+    # within rounding of the split backward's, plans made for its kernels, and the planned call the same again (dQ up to
     # the order of its fp32 adds). With more keys than queries, the causal key tiles no query sees must
     # come out zero, as the split's do
     import kernels.flash_gluon_bwd as gb
@@ -1130,7 +1130,10 @@ def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plan
     ft.clear_launch_plans()
     first = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=fused)
     plan = next(p for key, p in ft._PLANS.items() if key[0] == "bwd")
-    assert len(plan.kernels) == 1 and isinstance(plan.kernels[0], ft._KernelPlan)  # the one fused kernel
+    # the prep kernel, the fused kernel and, where the accumulator's columns are spread, the cast kernel (else
+    # torch casts): each launched by its plan
+    spread = gb.spreads_columns(shape[-1], gb.FUSED_CONFIG_WS, gb.shipped_dq_mode(shape[-1]))
+    assert len(plan.kernels) == 2 + spread and all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
     again = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=fused)
     for name, a, b, c in zip(("dq", "dk", "dv"), first, again, want, strict=True):
         assert torch.isfinite(a).all(), name
