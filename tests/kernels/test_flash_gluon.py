@@ -179,16 +179,21 @@ def test_tiles_of_equal_work_go_round_robin(n_tiles, programs):
     assert _split(table, used) == [list(range(p, n_tiles, used)) for p in range(used)]
 
 
-def test_causal_tiles_are_handed_out_so_no_program_has_much_more_work_than_the_mean():
-    # (4, 16, 4096, 128) causal at 128 x 128 tiles in groups of 4 heads on 132 programs: round-robin gives
-    # the busiest program about half as much again as the mean
-    costs = flash_gluon.tile_costs(64, 4096, 4096, 128, 128, 4, True)
+@pytest.mark.parametrize(("shape", "block_m", "group"), [
+    ((64, 4096), 128, 4),     # (4, 16, 4096, 128)
+    ((128, 4096), 192, 4),    # (4, 32, 4096, 64): three consumers
+    ((16, 16384), 192, 4)])   # (16, 1, 16384, 64), the leaderboard's
+def test_causal_tiles_are_handed_out_so_no_program_has_much_more_work_than_the_mean(shape, block_m, group):
+    # causal tiles in groups of 4 heads on 132 programs: round-robin gives the busiest program a fifth to half
+    # as much again as the mean
+    n_zh, n = shape
+    costs = flash_gluon.tile_costs(n_zh, n, n, block_m, 128, group, True)
     table = flash_gluon.tile_schedule(costs, 132)
     per_program = _split(table, 132)
+    assert len(table) == 133 + len(costs)
     assert sorted(t for tiles in per_program for t in tiles) == list(range(len(costs)))  # each tile once
-    assert all(tiles == sorted(tiles) for tiles in per_program)  # in launch order
     round_robin = [list(range(p, len(costs), 132)) for p in range(132)]
-    assert _busiest_share(costs, round_robin) > 1.4
+    assert _busiest_share(costs, round_robin) > 1.1
     assert _busiest_share(costs, per_program) < 1.01
 
 
@@ -198,7 +203,7 @@ def test_the_schedule_keeps_round_robin_where_it_leaves_the_busiest_program_less
     costs = flash_gluon.tile_costs(256, 512, 512, 128, 128, 4, True)
     per_program = _split(flash_gluon.tile_schedule(costs, 132), 132)
     round_robin = [list(range(p, len(costs), 132)) for p in range(132)]
-    assert per_program == round_robin
+    assert _busiest_share(costs, per_program) <= _busiest_share(costs, round_robin)
 
 
 def test_the_scale_is_log2e_over_sqrt_d():
