@@ -844,7 +844,8 @@ def test_gpu_gluon_dkdv_gives_the_triton_kernels_gradients(shape, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False)])
+@pytest.mark.parametrize(("shape", "causal"), [((2, 4, 1000, 128), True), ((1, 3, 4097, 128), False),
+                                               ((2, 4, 1024, 128), True)])  # (whole key tiles: persistent)
 def test_gpu_gluon_fwd_option_launches_the_gluon_forward(shape, causal):
     # LaunchOptions.gluon_fwd (on by default; here at any length) launches the Gluon forward at d=128: O and L
     # equal that kernel's own launcher's bit for bit, on the first call and the plan's replay, and stay within
@@ -1144,7 +1145,7 @@ def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plan
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [
     ((2, 8, 512, 64), True), ((2, 4, 512, 128), True),  # d=128: the Gluon dK/dV kernel
-    ((1, 2, 4096, 128), True),  # the Gluon forward and the fused backward, as shipped
+    ((1, 2, 4096, 128), True),  # the persistent forward (its tile schedule) and the fused backward, as shipped
     ((1, 2, 4096, 128), False), ((1, 2, 4096, 64), False)])  # the persistent forward, as shipped
 def test_gpu_forward_and_backward_capture_into_a_cuda_graph(shape, causal):
     # a captured step replays on new inputs to what an eager step gives them: bit for bit, but the fused

@@ -227,11 +227,11 @@ def test_the_forward_takes_the_gluon_kernel_where_it_ships_unless_told_not_to(mo
     monkeypatch.setattr(flash_gluon, "supported", lambda *tensors: None)  # as if on an H200
     for causal in (False, True):
         assert ft._gluon_config("fwd", causal, *views, None, on) == flash_gluon.shipped_config(128, causal)
-        # persistent where all tiles are of equal work; causal tiles go to the hardware's scheduler
-        assert flash_gluon.shipped_config(128, causal).mode == ("ws" if causal else "ws-p")
+        assert flash_gluon.shipped_config(128, causal).mode == "ws-p"  # persistent, tiles from tile_schedule
     d64 = [ft._as_zhnd(torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)) for _ in range(3)]
-    for causal in (False, True):  # three consumers
+    for causal in (False, True):  # three consumers; causal ones one program a tile (not timed persistent)
         assert ft._gluon_config("fwd", causal, *d64, None, on)[:4] == flash_gluon.FWD_CONFIG_WS_D64[:4]
+        assert flash_gluon.shipped_config(64, causal).mode == ("ws" if causal else "ws-p")
     assert flash_gluon.FWD_CONFIG_WS_D64.block_m == 3 * flash_gluon.WG_ROWS
     d32 = [ft._as_zhnd(torch.randn(1, 2, 64, 32, dtype=torch.bfloat16)) for _ in range(3)]
     assert ft._gluon_config("fwd", True, *d32, None, on) is None  # not in SHIPPED_FWD
