@@ -952,10 +952,11 @@ def tile_schedule(costs: list[int], programs: int) -> list[int]:
     n = len(costs)
     tail = min(n, TAIL_WAVES * programs)
     best = [list(range(p, n, programs)) for p in range(programs)]
+    best_work = _busiest(costs, best)
     for order in (range(n), [*range(n - tail), *sorted(range(n - tail, n), key=lambda t: -costs[t])]):
         candidate = _earliest_free(costs, order, programs)
-        if _busiest(costs, candidate) < _busiest(costs, best):
-            best = candidate
+        if (work := _busiest(costs, candidate)) < best_work:
+            best, best_work = candidate, work
     return [0, *itertools.accumulate(map(len, best))] + [t for tiles in best for t in tiles]
 
 
