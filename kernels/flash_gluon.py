@@ -949,15 +949,19 @@ def tile_schedule(costs: list[int], programs: int) -> list[int]:
     and that again with the last TAIL_WAVES waves of tiles heaviest first. Tiles of equal cost go
     round-robin; causal tiles, heaviest first within each group, leave the programs level."""
     programs = min(programs, len(costs))
+    best = min(hand_outs(costs, programs).values(), key=lambda tiles: _busiest(costs, tiles))  # first on a tie
+    return [0, *itertools.accumulate(map(len, best))] + [t for tiles in best for t in tiles]
+
+
+def hand_outs(costs: list[int], programs: int) -> dict[str, list[list[int]]]:
+    """The three ways tile_schedule weighs of handing tiles of these costs (in launch order) to `programs`
+    programs, by name: each program's tiles, in the order it runs them."""
     n = len(costs)
     tail = min(n, TAIL_WAVES * programs)
-    best = [list(range(p, n, programs)) for p in range(programs)]
-    best_work = _busiest(costs, best)
-    for order in (range(n), [*range(n - tail), *sorted(range(n - tail, n), key=lambda t: -costs[t])]):
-        candidate = _earliest_free(costs, order, programs)
-        if (work := _busiest(costs, candidate)) < best_work:
-            best, best_work = candidate, work
-    return [0, *itertools.accumulate(map(len, best))] + [t for tiles in best for t in tiles]
+    heaviest_tail = [*range(n - tail), *sorted(range(n - tail, n), key=lambda t: -costs[t])]
+    return {"round_robin": [list(range(p, n, programs)) for p in range(programs)],
+            "earliest_free": _earliest_free(costs, range(n), programs),
+            "earliest_free_heaviest_tail": _earliest_free(costs, heaviest_tail, programs)}
 
 
 def _earliest_free(costs: list[int], order, programs: int) -> list[list[int]]:
