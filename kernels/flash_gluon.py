@@ -920,13 +920,13 @@ def persistent_error(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, block
 
 # A tile's cost to the schedule, in key tiles: its key tiles, plus this for the part every tile pays once (Q's
 # load, the pipeline's fill and drain, the final scaling, O's and L's stores). Over the 2048 causal tiles of
-# (4, 16, 4096, 128) on 132 programs, the busiest program's modelled work is 1.002x the mean at 0, 1 or 2 and
-# 1.017x at 4; round-robin gives 1.50x (tests/kernels/test_flash_gluon.py counts it).
+# (4, 16, 4096, 128) on 132 programs, the busiest program's modelled work is 1.002x the mean; round-robin gives
+# 1.50x (benchmarks/tile_balance.py, docs/results/cpu/tile_balance_bcfa652.txt).
 TILE_FIXED_COST = 1
 # The last TAIL_WAVES x programs tiles may also be handed out heaviest first: at d=64 (192-row tiles) the
 # launch order's tail left the busiest program 1.031x the mean on (4, 32, 4096, 64) causal and 1.017x on
-# (16, 1, 16384, 64), 1.006x and 1.007x so. Four waves of tiles at those shapes are six groups of heads,
-# whose K and V (24 MiB) fit in L2.
+# (16, 1, 16384, 64), 1.006x and 1.007x so (the same file). Four waves of tiles at those shapes are six groups
+# of heads, whose K and V (24 MiB) fit in L2.
 TAIL_WAVES = 4
 
 
