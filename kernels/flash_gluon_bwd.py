@@ -220,7 +220,8 @@ def _add_dq_tma(dq_desc, dq_stage, dq_t, start_m, TRANSPOSED: gl.constexpr = Fal
 
 @gluon.jit
 def _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH: gl.constexpr, CONSUMERS: gl.constexpr = 2):
-    """DQ_MODE 4 to 6: consumer WHICH's dS^T of query tile t into its slot of the tile's parity p (slot
+    """DQ_MODE 4 to 6: consumer WHICH's dS^T of query tile t (the ring's count of it: a persistent program
+    counts on from key tile to key tile) into its slot of the tile's parity p (slot
     p * CONSUMERS + WHICH of ds_smem), where the consumers that add tile t's dQ read it; ds_full[p]
     counts every consumer's write. The slot was last read by tile t-2's dQ matmuls, so those have to be
     done first (ds_free[p], which completes once per tile of parity p when every reader has arrived (one in
@@ -308,7 +309,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
           WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
           WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2, shift=0, ROTATE: gl.constexpr = False,
-          DQ_COLS: gl.constexpr = 0):
+          DQ_COLS: gl.constexpr = 0, base=0, dq_row0=0):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -322,9 +323,13 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     and on the tiles that are its turn adds the whole program's share, dS K over every consumer's keys
     (k_all), the same way (_turn_dq); DQ_MODE 5 the same as dQ^T into a (HEAD_DIM, n_q) accumulator; DQ_MODE 6
     on every tile, columns [WHICH * DQ_COLS, + DQ_COLS) of that share.
-    ROTATE (the warp-specialised kernel, non-causal): step t takes query tile (t + shift) % n_iter (_tile_row)."""
+    ROTATE (the warp-specialised kernel, non-causal): step t takes query tile (t + shift) % n_iter (_tile_row).
+    base (the persistent kernel's): the ring's steps before this key tile's, so step t is the ring's step
+    base + t, which picks the Q/dO slot, the dS^T parity and the consumer whose turn the tile is; dq_row0: the
+    accumulator's row of this (z, h)'s query 0 (its descriptor then spans every pair's rows)."""
     dtype: gl.constexpr = k_smem.dtype
-    slot = t % STAGES
+    r = base + t  # the ring's count of this step (t where a program takes one key tile)
+    slot = r % STAGES
     start_m = _tile_row(t, lo, shift, n_iter, BLOCK_M, ROTATE)
     if ROTATE:  # the next tile's first row, whose row stats this step prefetches
         next_m = _tile_row(t + 1, lo, shift, n_iter, BLOCK_M, ROTATE)
@@ -332,7 +337,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
         next_m = start_m + BLOCK_M
     q_t = q_smem.index(slot)
     do_t = do_smem.index(slot)
-    mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+    mbarrier.wait(bars.index(slot), (r // STAGES) & 1)
     zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
     minus_delta = zeros - gl.expand_dims(delta, 0)
     if ORDER == 0:
@@ -367,16 +372,16 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
                 # by then: at d=128 dK and dV hold 128 of a consumer's 240, and with P^T, dS^T and dQ's 32 on
                 # top ptxas serialised every wgmma of the kernel (its C7512) and spilled in the loop
                 dv, pt_op = warpgroup_mma_wait(1, deps=[dv_tok, pt_op])
-            _share_ds(ds_smem, ds_full, ds_free, ds, t, WHICH, CONSUMERS)
-            if DQ_MODE == 6 or t % CONSUMERS == WHICH:
-                dq_tok = _turn_dq(t, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * DQ_COLS,
+            _share_ds(ds_smem, ds_full, ds_free, ds, r, WHICH, CONSUMERS)
+            if DQ_MODE == 6 or r % CONSUMERS == WHICH:
+                dq_tok = _turn_dq(r, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * DQ_COLS,
                                   DQ_COLS)
                 if DQ_MODE == 6:  # the next tile's row stats under dQ's matmul, not S^T's and dP^T's: 32
                     # registers fewer while those are in flight (d=128 non-causal: 8 spill loads a tile, not 15)
                     lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
-                mbarrier.arrive(ds_free.index(t % 2), count=1)  # every slot of parity t % 2 read (by this one)
-                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5, WHICH * DQ_COLS)
+                mbarrier.arrive(ds_free.index(r % 2), count=1)  # every slot of parity r % 2 read (by this one)
+                _add_dq_tma(dq_base, dq_stage, dq_t, dq_row0 + start_m, DQ_MODE == 5, WHICH * DQ_COLS)
             else:
                 dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
@@ -386,7 +391,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
             if DQ_MODE == 3:
-                _add_dq_tma(dq_base, dq_stage, dq_t, start_m)
+                _add_dq_tma(dq_base, dq_stage, dq_t, dq_row0 + start_m)
             else:
                 _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
         if WS:
@@ -593,14 +598,33 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
                       ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr,
                       DQ_MODE: gl.constexpr, shift, ROTATE: gl.constexpr):
-    """Consumer warpgroup WHICH: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every query tile of
-    the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
+    """Consumer warpgroup WHICH of a program that takes one key tile (_dkdv_ws_tile: K and V from kv_bar's
+    first phase, the ring's first n_iter steps)."""
+    _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base, stride_dkn,
+                  stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale, ds_smem, dq_stage,
+                  dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, WHICH, DQ_MODE, shift,
+                  ROTATE)
+
+
+@gluon.jit
+def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
+                  ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr,
+                  DQ_MODE: gl.constexpr, shift, ROTATE: gl.constexpr, kv_phase=0, kv_free=None, base=0, dq_row0=0,
+                  DRAIN: gl.constexpr = True):
+    """Consumer warpgroup WHICH on one key tile: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every
+    query tile of the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
     (dk_base, dv_base: this (z, h)'s). Causal: the tiles above its keys' diagonal are waited for and
     released unread, the next WG_KEYS / BLOCK_M cross the diagonal. With DQ_MODE (the fused kernel,
     _fused_ws_kernel) it also adds its keys' share of each tile's dQ, dS K, into dq_base (_step: dS^T
     through its own slot of ds_smem, the adds by atom, red, or with DQ_MODE 3 by the copy engine from its
     own slot of dq_stage into the descriptor dq_base; with DQ_MODE 4 the two consumers share their dS^T
-    through ds_full and ds_free, and each adds every other tile's whole dQ that way)."""
+    through ds_full and ds_free, and each adds every other tile's whole dQ that way).
+    The persistent kernel's (_fused_ws_persistent_kernel) tiles: K and V are kv_bar's phase kv_phase, the
+    query tiles the ring's steps base, base + 1, ... (_step's base; dq_row0 its), and kv_free is arrived at
+    once every matmul of this consumer has read its K and V, before dK and dV are stored; DRAIN off leaves
+    the last dQ reduction running (the program waits once, at its end)."""
     dtype: gl.constexpr = q_smem.dtype
     CONSUMERS: gl.constexpr = k_smem.shape[0]
     st_layout: gl.constexpr = _mma_layout(4, BLOCK_M)        # S^T, dP^T: (WG_KEYS, BLOCK_M)
@@ -629,40 +653,43 @@ def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty
         n_skip = 0
         n_diag = 0
     for t in range(0, n_skip):
-        mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
-        mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
+        r = base + t  # the ring's count of this step
+        mbarrier.wait(ready_bars.index(r % STAGES), (r // STAGES) & 1)
+        mbarrier.arrive(empty_bars.index(r % STAGES), count=1)
         if DQ_MODE >= 4:  # these queries see none of its keys: its share of dS^T is zero, for whichever
             # consumer's turn the tile is; with fewer than WG_KEYS queries a tile (t = WHICH) can be its own
-            _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), t, WHICH,
+            _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), r, WHICH,
                       CONSUMERS)
             # (DQ_MODE 6: its columns of every tile's dQ, whatever its own keys add)
-            if DQ_MODE == 6 or (BLOCK_M < _WG_KEYS and t % CONSUMERS == WHICH):
-                mbarrier.wait(kv_bar, 0)  # every consumer's K
-                dq_tok = _turn_dq(t, ds_mine, ds_full, k_smem, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * dq_cols,
+            if DQ_MODE == 6 or (BLOCK_M < _WG_KEYS and r % CONSUMERS == WHICH):
+                mbarrier.wait(kv_bar, kv_phase)  # every consumer's K
+                dq_tok = _turn_dq(r, ds_mine, ds_full, k_smem, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * dq_cols,
                                   dq_cols)
                 dq_t = warpgroup_mma_wait(0, deps=[dq_tok])
-                mbarrier.arrive(ds_free.index(t % 2), count=1)
-                _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5, WHICH * dq_cols)
+                mbarrier.arrive(ds_free.index(r % 2), count=1)
+                _add_dq_tma(dq_base, dq_mine, dq_t, dq_row0 + lo + t * BLOCK_M, DQ_MODE == 5, WHICH * dq_cols)
     lse2, delta = _row_stats(l_base, delta_base, _tile_row(n_skip, lo, shift, n_iter, BLOCK_M, ROTATE), n_q, BLOCK_M,
                              st_layout)
     dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
     ds_op = gl.zeros([_WG_KEYS, BLOCK_M], dtype, op_layout)  # (_step's ORDER 1 state, unused here)
     prev = 0
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(kv_bar, kv_phase)
     for t in range(n_skip, n_diag):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, base, dq_row0)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols)
-    if DQ_MODE >= 3:
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, base, dq_row0)
+    if kv_free is not None:  # each step waited for its matmuls: this consumer is done with every K and V tile
+        mbarrier.arrive(kv_free, count=1)
+    if DQ_MODE >= 3 and DRAIN:
         tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
     offs_n = my_n + gl.arange(0, _WG_KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
