@@ -980,11 +980,10 @@ def _busiest(costs: list[int], tiles: list[list[int]]) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _schedule_tensor(device: int, n_zh: int, n_q: int, n_k: int, block_m: int, block_n: int, group: int,
-                     is_causal: bool) -> torch.Tensor:
-    """tile_schedule for a call, on its device (int32), made once a signature."""
-    costs = tile_costs(n_zh, n_q, n_k, block_m, block_n, group, is_causal)
-    table = tile_schedule(costs, sm_count(device))
+def schedule_tensor(device: int, costs_of, *shape) -> torch.Tensor:
+    """tile_schedule for a call's tiles, costs_of(*shape) (tile_costs, or the backward's key_tile_costs), on its
+    device (int32), made once a signature."""
+    table = tile_schedule(costs_of(*shape), sm_count(device))
     return torch.tensor(table, dtype=torch.int32, device=f"cuda:{device}")
 
 
@@ -1009,8 +1008,8 @@ def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
     constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
     grid = (group, triton.cdiv(n_q, cfg.block_m), Z * H // group)
     if kernel is _fwd_persistent_kernel:
-        schedule = _schedule_tensor(q4.get_device(), Z * H, n_q, k4.shape[-2], cfg.block_m, cfg.block_n, group,
-                                    bool(is_causal))
+        schedule = schedule_tensor(q4.get_device(), tile_costs, Z * H, n_q, k4.shape[-2], cfg.block_m, cfg.block_n,
+                                   group, bool(is_causal))
         args += (Z * H, group, schedule)
         grid = (min(math.prod(grid), sm_count(q4.get_device())),)
     ft._ensure_scratch_allocator()

@@ -44,7 +44,12 @@ take 16 to 64 query rows a step; it was no faster (docs/results/h200/flash_gluon
 (launch_spec) each non-causal program takes the query tiles from its own on, so the programs side by side add
 into different dQ rows; no faster either (docs/results/h100/gluon_paths/README.md). The "-rs"
 orders (RS_ORDERS) hold the score matmuls' resident operands in registers
-(docs/results/h200/flash_rs/README.md).
+(docs/results/h200/flash_rs/README.md). Order "ws-p" is _fused_ws_kernel persistent
+(_fused_ws_persistent_kernel, two consumers, dQ by the copy engine): one program an SM takes key tile after
+key tile from a schedule (flash_gluon.tile_schedule of key_tile_costs), the Q/dO ring and the dS^T parities
+running on from tile to tile, so the next key tile's first loads and its K and V go under the last tile's
+steps and its dK and dV stores. It compiles (flash_sass) to the one-tile kernel's steps; it has not run
+on a GPU yet, so it is not shipped (docs/results/h200/flash_tuning.md, step 60).
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
@@ -325,7 +330,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     on every tile, columns [WHICH * DQ_COLS, + DQ_COLS) of that share.
     ROTATE (the warp-specialised kernel, non-causal): step t takes query tile (t + shift) % n_iter (_tile_row).
     base (the persistent kernel's): the ring's steps before this key tile's, so step t is the ring's step
-    base + t, which picks the Q/dO slot, the dS^T parity and the consumer whose turn the tile is; dq_row0: the
+    base + t, which picks the Q/dO slot and the dS^T parity (whose turn a tile is goes by t); dq_row0: the
     accumulator's row of this (z, h)'s query 0 (its descriptor then spans every pair's rows)."""
     dtype: gl.constexpr = k_smem.dtype
     r = base + t  # the ring's count of this step (t where a program takes one key tile)
@@ -373,7 +378,8 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
                 # top ptxas serialised every wgmma of the kernel (its C7512) and spilled in the loop
                 dv, pt_op = warpgroup_mma_wait(1, deps=[dv_tok, pt_op])
             _share_ds(ds_smem, ds_full, ds_free, ds, r, WHICH, CONSUMERS)
-            if DQ_MODE == 6 or r % CONSUMERS == WHICH:
+            # (turns go by the key tile's own steps: a causal consumer skips its first ones, never its turn)
+            if DQ_MODE == 6 or t % CONSUMERS == WHICH:
                 dq_tok = _turn_dq(r, ds_smem, ds_full, k_all, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * DQ_COLS,
                                   DQ_COLS)
                 if DQ_MODE == 6:  # the next tile's row stats under dQ's matmul, not S^T's and dP^T's: 32
@@ -661,7 +667,7 @@ def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bar
             _share_ds(ds_mine, ds_full, ds_free, gl.zeros([_WG_KEYS, BLOCK_M], dtype, st_layout), r, WHICH,
                       CONSUMERS)
             # (DQ_MODE 6: its columns of every tile's dQ, whatever its own keys add)
-            if DQ_MODE == 6 or (BLOCK_M < _WG_KEYS and r % CONSUMERS == WHICH):
+            if DQ_MODE == 6 or (BLOCK_M < _WG_KEYS and t % CONSUMERS == WHICH):
                 mbarrier.wait(kv_bar, kv_phase)  # every consumer's K
                 dq_tok = _turn_dq(r, ds_mine, ds_full, k_smem, dq_layout, CONSUMERS, DQ_MODE == 5, WHICH * dq_cols,
                                   dq_cols)
@@ -828,6 +834,149 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
 
 
 @gluon.jit
+def _key_tile(tile, G, T, n_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """(z*h pair, first key, first query row, query tiles) of the tile-th program of _fused_ws_kernel's grid
+    (G, T, ZH / G) in launch order (x fastest), as _program_tile reads its program ids (causal key tile 0, the
+    heaviest, first); what the producer and each consumer of the persistent kernel work out alike a tile."""
+    start_n = (tile // G) % T * BLOCK_N
+    if IS_CAUSAL:  # queries before start_n see none of these keys
+        lo = start_n
+    else:
+        lo = 0
+    return tile // (G * T) * G + tile % G, start_n, lo, gl.cdiv(gl.maximum(n_q - lo, 0), BLOCK_M)
+
+
+@gluon.jit
+def _dkdv_ws_loader_persistent(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free,
+                               ready_bars, empty_bars, n_q, n_k, SCHEDULE, G, IS_CAUSAL: gl.constexpr,
+                               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The producer of the persistent kernel: per key tile, its first STAGES query tiles into the ring as the
+    last key tile's last steps free their slots, then its K and V once every consumer is done with the last
+    ones (kv_free), then the rest of its query tiles. The ring runs on from key tile to key tile; the
+    descriptors span every (z, h) pair's rows (rows zh * n + i)."""
+    BLOCK_N: gl.constexpr = CONSUMERS * _WG_KEYS
+    T = gl.cdiv(n_k, BLOCK_N)
+    base = 0
+    j = 0
+    tiles = SCHEDULE + gl.num_programs(0) + 1
+    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+        pid_zh, start_n, lo, n_iter = _key_tile(gl.load(tiles + i), G, T, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        first = pid_zh * n_q + lo
+        n_early = gl.minimum(n_iter, STAGES)
+        _ws_stream(q_desc, do_desc, q_smem, do_smem, ready_bars, empty_bars, first, n_early, BLOCK_M, STAGES,
+                   base=base)
+        mbarrier.wait(kv_free, (j & 1) ^ 1)  # (a fresh barrier: its phase "-1" counts as complete)
+        mbarrier.expect(kv_bar, 2 * CONSUMERS * k_desc.block_type.nbytes)
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(k_desc, [pid_zh * n_k + start_n + c * _WG_KEYS, 0], kv_bar,
+                                            k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [pid_zh * n_k + start_n + c * _WG_KEYS, 0], kv_bar,
+                                            v_smem.index(c))
+        _ws_stream(q_desc, do_desc, q_smem, do_smem, ready_bars, empty_bars, first + n_early * BLOCK_M,
+                   n_iter - n_early, BLOCK_M, STAGES, base=base + n_early)
+        base += n_iter
+        j += 1
+
+
+@gluon.jit
+def _dkdv_ws_consumer_persistent(k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, ready_bars, empty_bars, DK, DV,
+                                 stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn, L, Delta, H,
+                                 n_q, n_k, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full, ds_free,
+                                 SCHEDULE, G, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                 STAGES: gl.constexpr, WHICH: gl.constexpr, DQ_MODE: gl.constexpr):
+    """Consumer warpgroup WHICH of the persistent kernel: _dkdv_ws_tile on each of the program's key tiles, in
+    the order the producer loads them; the last dQ reduction is waited for once, at the end."""
+    BLOCK_N: gl.constexpr = k_smem.shape[0] * _WG_KEYS
+    T = gl.cdiv(n_k, BLOCK_N)
+    base = 0
+    j = 0
+    tiles = SCHEDULE + gl.num_programs(0) + 1
+    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+        pid_zh, start_n, lo, n_iter = _key_tile(gl.load(tiles + i), G, T, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        z, h = pid_zh // H, pid_zh % H
+        dk_base = DK + z.to(gl.int64) * stride_dkz + h.to(gl.int64) * stride_dkh
+        dv_base = DV + z.to(gl.int64) * stride_dvz + h.to(gl.int64) * stride_dvh
+        l_base = L + pid_zh.to(gl.int64) * n_q
+        delta_base = Delta + pid_zh.to(gl.int64) * n_q
+        _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base, stride_dkn,
+                      stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale, ds_smem,
+                      dq_stage, dq_target, n_q, ds_full, ds_free, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, WHICH,
+                      DQ_MODE, 0, False, j & 1, kv_free, base, pid_zh * n_q, False)
+        base += n_iter
+        j += 1
+    tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
+
+
+@gluon.jit
+def _fused_ws_persistent_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
+                                stride_qz, stride_qh, stride_qm,
+                                stride_kz, stride_kh, stride_kn,
+                                stride_vz, stride_vh, stride_vn,
+                                stride_doz, stride_doh, stride_dom,
+                                stride_dkz, stride_dkh, stride_dkn,
+                                stride_dvz, stride_dvh, stride_dvn,
+                                H, n_q, n_k, dq_rows, sm_scale, qk_scale, n_zh, group, SCHEDULE,
+                                IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                                CONSUMER_REGS: gl.constexpr, DQ_MODE: gl.constexpr):
+    # _fused_ws_kernel persistent: its arguments, then the (z, h) pairs, the grid order's group and the int32
+    # tile schedule (flash_gluon.tile_schedule of key_tile_costs); a grid of at most one program an SM, each
+    # taking key tile after key tile. Two consumers, dQ added by the copy engine (DQ_MODE 3, 4 or 6). Q, dO, K,
+    # V and the dQ accumulator are read as (n_zh * n, HEAD_DIM) matrices (persistent_error: their (z, h) pairs
+    # lie n rows apart, and query and key tiles end at n_q and n_k, so no tile reads another pair's rows)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_WG_KEYS, HEAD_DIM], dtype)
+    q_desc = tma.make_tensor_descriptor(Q, shape=[n_zh * n_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    do_desc = tma.make_tensor_descriptor(DO, shape=[n_zh * n_q, HEAD_DIM], strides=[stride_dom, 1],
+                                         block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[_WG_KEYS, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[_WG_KEYS, HEAD_DIM], layout=kv_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    # each consumer's dS^T, from DQ_MODE 4 one a tile parity; its fp32 dQ staging tile (DQ_MODE 6: its columns)
+    ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * (1 + (DQ_MODE >= 4)), _WG_KEYS, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([_WG_KEYS, BLOCK_M], dtype))
+    DQ_COLS: gl.constexpr = HEAD_DIM // CONSUMERS if DQ_MODE == 6 else HEAD_DIM
+    dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+    dq_stage = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, DQ_COLS], dq_smem_layout)
+    dq_target = tma.make_tensor_descriptor(DQ_ACC, shape=[n_zh * n_q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_M, DQ_COLS], layout=dq_smem_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    mbarrier.init(kv_free, count=CONSUMERS)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=CONSUMERS)
+        mbarrier.init(ds_free.index(i), count=CONSUMERS if DQ_MODE == 6 else 1)
+    gl.warp_specialize([
+        (_dkdv_ws_consumer_persistent, (k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, ready_bars, empty_bars, DK,
+                                        DV, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn, L,
+                                        Delta, H, n_q, n_k, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full,
+                                        ds_free, SCHEDULE, group, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0, DQ_MODE)),
+        (_dkdv_ws_consumer_persistent, (k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, ready_bars, empty_bars, DK,
+                                        DV, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn, L,
+                                        Delta, H, n_q, n_k, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full,
+                                        ds_free, SCHEDULE, group, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1, DQ_MODE)),
+        (_dkdv_ws_loader_persistent, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
+                                      kv_free, ready_bars, empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_M,
+                                      STAGES, CONSUMERS))],
+        [4, 1], [CONSUMER_REGS, 24])
+
+
+@gluon.jit
 def _dkdv_ws_kernel(Q, K, V, DO, L, Delta, DK, DV,
                     stride_qz, stride_qh, stride_qm,
                     stride_kz, stride_kh, stride_kn,
@@ -985,6 +1134,10 @@ class Config(NamedTuple):
 # the dK/dV kernel's orders: _step's (ORDERS), "ws", the warp-specialised kernel (_dkdv_ws_kernel), or
 # _step's with K and V in registers (RS_ORDERS)
 DKDV_ORDERS = ORDERS + ("ws",) + RS_ORDERS
+# the fused kernel's: _step's first two, "ws" (_fused_ws_kernel) and "ws-p", that persistent (one program an SM
+# taking key tile after key tile from a schedule, _fused_ws_persistent_kernel)
+FUSED_ORDERS = ("overlap", "defer", "ws", "ws-p")
+_WS_ORDERS = ("ws", "ws-p")
 # the dQ kernel's: each matmul waited for at once, or dP issued with S; "-rs": Q and dO in registers
 DQ_ORDERS = ("overlap", "plain", "overlap" + RS_SUFFIX, "plain" + RS_SUFFIX)
 # consumers -> (registers a thread for the block, registers each consumer warpgroup after the first takes):
@@ -1011,6 +1164,7 @@ _DQ_MODE_IDS = {"add": 1, "red": 2, "probe": 2, "tma": 3, "turns": 4, "turns-t":
 _STAGED = ("tma", "turns", "turns-t", "halves")  # the modes that add dQ by the copy engine, from fp32 staging tiles
 _SHARED = ("turns", "turns-t", "halves")  # the modes whose consumers share their dS^T and add the program's share
 _SPREAD = tuple(m for m in _STAGED if m != "turns-t")  # row-major staging tiles: columns spread (spreads_columns)
+PERSISTENT_DQ_MODES = ("tma", "turns", "halves")  # order "ws-p"'s: row-major staging tiles, two consumers
 
 
 def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode: str = "add") -> str | None:
@@ -1019,12 +1173,15 @@ def config_error(kernel: str, head_dim: int, cfg: Config, elem: int = 2, dq_mode
     keyed = kernel in ("dkdv", "fused")  # a program owns a key tile
     rows, step = (cfg.block_n, cfg.block_m) if keyed else (cfg.block_m, cfg.block_n)
     rows_name, step_name = ("block_n", "block_m") if keyed else ("block_m", "block_n")
-    orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": ("overlap", "defer", "ws")}[kernel]
+    orders = {"dkdv": DKDV_ORDERS, "dq": DQ_ORDERS, "fused": FUSED_ORDERS}[kernel]
     if cfg.order not in orders:
         return f"order {cfg.order!r}: one of {', '.join(orders)}"
-    if kernel == "fused" and dq_mode in _STAGED and cfg.order != "ws":
-        return f"dq_mode {dq_mode!r}: the warp-specialised fused kernel's only (order ws)"
-    if cfg.order == "ws":
+    if kernel == "fused" and dq_mode in _STAGED and cfg.order not in _WS_ORDERS:
+        return f"dq_mode {dq_mode!r}: the warp-specialised fused kernel's only (order ws or ws-p)"
+    if cfg.order == "ws-p" and (dq_mode not in PERSISTENT_DQ_MODES or cfg.block_n != 2 * WG_KEYS):
+        return (f"order 'ws-p' with dq_mode {dq_mode!r} and block_n {cfg.block_n}: the persistent kernel has two "
+                f"consumers (block_n {2 * WG_KEYS}) adding dQ by the copy engine ({', '.join(PERSISTENT_DQ_MODES)})")
+    if cfg.order in _WS_ORDERS:
         if kernel == "fused" and cfg.block_m != 64 and dq_mode != "turns-t":
             return (f"block_m {cfg.block_m}: the fused kernel's dQ tile is one warpgroup's 64 query rows (but with "
                     "dq_mode 'turns-t')")
@@ -1104,12 +1261,14 @@ def launch_spec(kernel: str, head_dim: int, cfg: Config, dq_mode: str = "add", r
     if cfg.maxnreg is not None:
         options["maxnreg"] = cfg.maxnreg
     constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, NUM_WARPS=cfg.num_warps)
-    if kernel in ("dkdv", "fused") and cfg.order == "ws":
+    if kernel in ("dkdv", "fused") and cfg.order in _WS_ORDERS:
         consumers = cfg.block_n // WG_KEYS
         maxnreg, consumer_regs = WS_REGS[consumers]
         ws = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=consumers,
                   CONSUMER_REGS=consumer_regs)
         options = {"num_warps": 4, "maxnreg": maxnreg}
+        if cfg.order == "ws-p":
+            return _fused_ws_persistent_kernel, {**ws, "DQ_MODE": _DQ_MODE_IDS[dq_mode]}, options
         if kernel == "fused":
             return _fused_ws_kernel, {**ws, "DQ_MODE": _DQ_MODE_IDS[dq_mode], "ROTATE": rotate}, options
         return _dkdv_ws_kernel, ws, options
@@ -1219,6 +1378,8 @@ def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int
     plans are made from."""
     q4, k4 = tensors[0], tensors[1]
     jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg, dq_mode, rotate)
+    if jit_fn is _fused_ws_persistent_kernel and persistent_error(q4, k4, tensors[2], tensors[3], cfg) is not None:
+        jit_fn, config, options = launch_spec(kernel, q4.shape[-1], cfg._replace(order="ws"), dq_mode, rotate)
     Z, H, n_q, d = q4.shape
     n_k = k4.shape[-2]
     strides = (x for i, t in enumerate(tensors) if i not in _UNSTRIDED[kernel] for x in t.stride()[:3])
@@ -1227,9 +1388,38 @@ def launch(kernel: str, tensors: tuple, is_causal: bool, cfg: Config, group: int
     constexprs = {"IS_CAUSAL": bool(is_causal), "HEAD_DIM": d, **config}
     tiles = triton.cdiv(n_q, cfg.block_m) if kernel == "dq" else triton.cdiv(n_k, cfg.block_n)
     grid = (group, tiles, Z * H // group)
+    if jit_fn is _fused_ws_persistent_kernel:
+        schedule = flash_gluon.schedule_tensor(q4.get_device(), key_tile_costs, Z * H, n_q, n_k, cfg.block_m,
+                                               cfg.block_n, group, bool(is_causal))
+        args += (Z * H, group, schedule)
+        grid = (min(math.prod(grid), flash_gluon.sm_count(q4.get_device())),)
     ft._ensure_scratch_allocator()
     compiled = jit_fn[grid](*args, **constexprs, **options)
     return jit_fn, compiled, args, constexprs, grid
+
+
+def persistent_error(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor,
+                     cfg: Config) -> str | None:
+    """Why the persistent fused kernel (order "ws-p") cannot take these (Z, H, n, d) views, or None if it can:
+    it reads Q, dO, K and V as (Z * H * n, d) matrices, so their rows must flatten, and its query and key tiles
+    must end at n_q and n_k (a partial tile would read the next pair's rows, where the one-tile kernel's
+    per-pair descriptors read zeros). Where it cannot, launch runs order "ws"."""
+    why = flash_gluon.persistent_error(q4, k4, v4, cfg.block_n)
+    if why is None and not flash_gluon._rows_flatten(do4):
+        why = "dO rows do not flatten to one (Z * H * n, d) matrix"
+    if why is None and q4.shape[-2] % cfg.block_m:
+        why = f"{q4.shape[-2]} queries: not a multiple of the {cfg.block_m}-query tile"
+    return why
+
+
+def key_tile_costs(n_zh: int, n_q: int, n_k: int, block_m: int, block_n: int, group: int,
+                   is_causal: bool) -> list[int]:
+    """Each key tile's query tiles, the tiles in the one-tile fused kernel's launch order (_key_tile: groups of
+    `group` (z, h) pairs, each group's key tiles one after another, causal key tile 0, the heaviest, first):
+    what flash_gluon.tile_schedule hands the persistent kernel's programs."""
+    tiles = triton.cdiv(n_k, block_n)
+    per_tile = [triton.cdiv(max(n_q - (n * block_n if is_causal else 0), 0), block_m) for n in range(tiles)]
+    return [c for c in per_tile for _ in range(group)] * (n_zh // group)
 
 
 def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, cfg: Config = DKDV_CONFIG, head_group: int | None = None,
@@ -1345,7 +1535,7 @@ def spreads_columns(head_dim: int, cfg: Config, dq_mode: str) -> bool:
     staging tile is a multiple of 32 columns wide (halves: each of the consumers' share of them)."""
     if dq_mode not in _SPREAD:
         return False
-    consumers = cfg.block_n // WG_KEYS if cfg.order == "ws" else 1
+    consumers = cfg.block_n // WG_KEYS if cfg.order in _WS_ORDERS else 1
     return (head_dim // consumers if dq_mode == "halves" else head_dim) % 32 == 0
 
 

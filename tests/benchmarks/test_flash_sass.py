@@ -461,3 +461,25 @@ def test_the_persistent_forward_runs_the_same_consumer_steps_inside_a_loop_over_
     # last P V of each
     tiles = [loop for loop in reports["ws-p"]["loops"] if "dot:s" in loop and "dot:acc" in loop]
     assert len(tiles) == 2, reports["ws-p"]["loops"]
+
+
+@pytest.mark.parametrize(("head_dim", "dq_mode", "causal"), [(128, "halves", False), (64, "turns", True)])
+def test_the_persistent_fused_kernel_runs_the_same_consumer_steps_inside_a_loop_over_key_tiles(tmp_path, head_dim,
+                                                                                               dq_mode, causal):
+    # "ws-p" runs _dkdv_ws_tile on each key tile as "ws" does, so each consumer's steps compile to the same
+    # matmuls and waits, still in flight; around them the loop over the program's key tiles. Its shared memory
+    # (the one-tile kernel's and one barrier more) stays within the 227 KiB a block may have on sm_90
+    reports, names = {}, {}
+    for order in ("ws", "ws-p"):
+        r = _run("--gluon-bwd", f"fused=64,128,3,4,{order}", "--dq-mode", dq_mode, "--head-dim", str(head_dim),
+                 *(["--causal"] * causal), "--out", str(tmp_path))
+        assert r.returncode == 0, r.stderr[-3000:]
+        names[order] = tmp_path / f"gluon_fused_64x128x3x4_{order}_{dq_mode}_d{head_dim}"
+        reports[order] = json.loads(names[order].with_suffix(".json").read_text())
+
+    def steps(report):  # the consumers' step loops: the ones that issue S^T and dP^T
+        return [loop for loop in report["loops"] if "dot:st_tok" in loop]
+    assert len(steps(reports["ws"])) >= 2 and steps(reports["ws-p"]) == steps(reports["ws"])
+    total, waited = _serialised_wgmmas(_sass_text(names["ws-p"].with_suffix(".sass")))
+    assert total >= 48 and waited <= total // 8, (total, waited)
+    assert reports["ws"]["shared_bytes"] < reports["ws-p"]["shared_bytes"] <= 227 * 1024

@@ -1045,6 +1045,61 @@ def test_gpu_warp_specialised_fused_kernel_gives_the_split_backwards_gradients(s
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "dq_mode"), [
+    ((4, 16, 1024, 128), "halves"),  # 512 key tiles: about four a program
+    ((1, 2, 256, 128), "halves"),    # 4 key tiles: most SMs get none
+    ((8, 1, 640, 128), "halves"),    # one head a batch row, 5 key tiles a head
+    ((2, 4, 4096, 64), "turns"),
+    ((3, 5, 1024, 64), "tma")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_persistent_fused_backward_gives_the_one_tile_kernels_dk_dv_bit_for_bit(shape, dq_mode, causal):
+    # "ws-p" runs _dkdv_ws_tile on each key tile as "ws" does, with the Q/dO ring, the dS^T parities and K/V's
+    # barrier running on from tile to tile: dK and dV are the same products in the same order, so bit for bit
+    # "ws"'s; dQ is summed over the key tiles' programs in another order, so within rounding, every row
+    import kernels.flash_gluon_bwd as gb
+    import kernels.flash_triton as ft
+
+    q, k, v, do = _sm90_inputs(shape, seed=13)
+    o, lse = flash_attention_forward(q, k, v, causal)
+    cfg = gb.FUSED_CONFIG_WS._replace(order="ws-p")
+    views = [ft._as_zhnd(t) for t in (q, k, v, do)]
+    assert gb.persistent_error(*views, cfg) is None  # (so the persistent kernel is what runs)
+    delta, acc = gb.fused_prep(o, do, gb.dq_accumulator(q, dq_mode))
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    group = ft._head_group(causal, shape[0] * shape[1], None)
+    kernel, *_, grid = gb.launch("fused", (*views, lse, delta, dk.view(views[1].shape), dv.view(views[2].shape), acc),
+                                 causal, cfg, group, dq_mode)
+    assert kernel is gb._fused_ws_persistent_kernel
+    assert grid[0] <= torch.cuda.get_device_properties(0).multi_processor_count
+    want_dq, want_dk, want_dv = gb.fused_backward(q, k, v, o, lse, do, causal, gb.FUSED_CONFIG_WS, dq_mode=dq_mode)
+    assert torch.isfinite(want_dk).all() and torch.isfinite(want_dv).all()
+    assert torch.equal(dk, want_dk) and torch.equal(dv, want_dv)
+    dq = gb.cast_dq(acc, q, gb.spreads_columns(shape[-1], cfg, dq_mode))
+    assert torch.isfinite(dq).all()
+    assert (dq.float() - want_dq.float()).abs().amax(dim=-1).max().item() < 1e-2
+    again = gb.fused_backward(q, k, v, o, lse, do, causal, cfg, dq_mode=dq_mode)  # the launcher's own path
+    assert torch.equal(again[1], want_dk) and torch.equal(again[2], want_dv)
+
+
+@pytest.mark.gpu
+def test_gpu_persistent_fused_backward_falls_back_to_one_tile_a_program_where_it_cannot_run():
+    # ragged query and key tiles, and q, k, v, dO of a (b, s, h, d) layout: "ws-p" runs "ws"
+    import kernels.flash_gluon_bwd as gb
+    import kernels.flash_triton as ft
+
+    cfg = gb.FUSED_CONFIG_WS._replace(order="ws-p")
+    ragged = _sm90_inputs((2, 3, 1000, 128), seed=14)
+    bshd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in _sm90_inputs((2, 3, 1024, 128), seed=15)]
+    for inputs, why in ((ragged, "1000 keys"), (bshd, "flatten")):
+        q, k, v, do = inputs
+        assert why in gb.persistent_error(*(ft._as_zhnd(t) for t in inputs), cfg)
+        o, lse = flash_attention_forward(q, k, v, True)
+        want = gb.fused_backward(q, k, v, o, lse, do, True, gb.FUSED_CONFIG_WS, dq_mode="halves")
+        got = gb.fused_backward(q, k, v, o, lse, do, True, cfg, dq_mode="halves")
+        assert all(torch.equal(a, b) for a, b in zip(got[1:], want[1:], strict=True))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "shape_k", "causal"), [
     ((1, 3, 777, 64), None, True), ((2, 2, 1000, 64), None, False), ((1, 2, 777, 64), (1, 2, 1000, 64), True),
     ((1, 2, 777, 128), None, True), ((2, 2, 1000, 128), None, False)])

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from kernels import flash_gluon
 from kernels import flash_gluon_bwd as gb
 from kernels import flash_triton as ft
 
@@ -372,6 +373,84 @@ def test_which_fused_kernels_spread_dq_columns():
     assert not gb.spreads_columns(32, ws, "halves") and gb.spreads_columns(32, ws, "turns")
     assert not any(gb.spreads_columns(64, ws, m) for m in ("add", "red", "probe", "turns-t"))
     assert not gb.spreads_columns(16, ws, "turns")
+
+
+def test_the_persistent_fused_kernel_is_order_ws_p_with_the_warp_specialised_ones_tiles():
+    # "ws-p": _fused_ws_persistent_kernel, the same tiles, consumers and registers as "ws" (less ROTATE); two
+    # consumers adding dQ by the copy engine only, and no rotation
+    ws_p = gb.FUSED_CONFIG_WS._replace(order="ws-p")
+    for head_dim, dq_mode, mode_id in ((128, "halves", 6), (64, "turns", 4), (64, "tma", 3)):
+        kernel, config, options = gb.launch_spec("fused", head_dim, ws_p, dq_mode)
+        ws_kernel, ws_config, ws_options = gb.launch_spec("fused", head_dim, gb.FUSED_CONFIG_WS, dq_mode)
+        assert kernel is gb._fused_ws_persistent_kernel and ws_kernel is gb._fused_ws_kernel
+        assert options == ws_options and ws_config.pop("ROTATE") is False and config == ws_config
+        assert config["DQ_MODE"] == mode_id and config["CONSUMERS"] == 2
+        assert gb.spreads_columns(head_dim, ws_p, dq_mode) == gb.spreads_columns(head_dim, gb.FUSED_CONFIG_WS, dq_mode)
+    for dq_mode in ("add", "red", "probe", "turns-t"):
+        with pytest.raises(ValueError, match="order 'ws-p' with dq_mode"):
+            gb.launch_spec("fused", 64, ws_p, dq_mode)
+    with pytest.raises(ValueError, match="block_n 192"):  # three consumers
+        gb.launch_spec("fused", 64, gb.Config(64, 192, 3, 4, "ws-p"), "tma")
+    with pytest.raises(ValueError, match="rotate"):
+        gb.launch_spec("fused", 64, ws_p, "turns", rotate=True)
+    with pytest.raises(ValueError, match="order 'ws-p'"):  # the dK/dV kernel has no persistent form
+        gb.launch_spec("dkdv", 64, ws_p)
+    assert "shared memory" in gb.config_error("fused", 128, ws_p._replace(stages=4), dq_mode="halves")
+
+
+def test_the_persistent_fused_kernel_takes_rows_that_flatten_and_whole_query_and_key_tiles():
+    # it reads Q, dO, K and V as (Z * H * n, d) matrices: no tile may run into the next pair's rows
+    cfg = gb.FUSED_CONFIG_WS._replace(order="ws-p")
+    x = torch.empty(2, 3, 1024, 128)
+    assert gb.persistent_error(x, x, x, x, cfg) is None
+    bshd = torch.empty(2, 1024, 3, 128).transpose(1, 2)
+    assert "dO rows" in gb.persistent_error(x, x, x, bshd, cfg)
+    assert "flatten" in gb.persistent_error(x, bshd, x, x, cfg)
+    assert "1000 keys" in gb.persistent_error(x, *[torch.empty(2, 3, 1000, 128)] * 2, x, cfg)
+    ragged_q = torch.empty(2, 3, 1000, 128)
+    assert "1000 queries" in gb.persistent_error(ragged_q, x, x, ragged_q, cfg)
+    assert gb.persistent_error(ragged_q[:, :, :960], x, x, ragged_q[:, :, :960], cfg) is not None  # strides
+    whole_q = torch.empty(2, 3, 960, 128)
+    assert gb.persistent_error(whole_q, x, x, whole_q, cfg) is None  # 15 query tiles, key tiles of its own length
+
+
+def _launch_order_query_tiles(n_zh, n_q, n_k, block_m, block_n, group, causal):
+    """Each key tile's query tiles as the kernel works them out (_key_tile), tile by tile in launch order."""
+    key_tiles = -(-n_k // block_n)
+    out = []
+    for tile in range(n_zh * key_tiles):
+        start_n = (tile // group) % key_tiles * block_n
+        lo = start_n if causal else 0
+        out.append(-(-max(n_q - lo, 0) // block_m))
+    return out
+
+
+@pytest.mark.parametrize(("shape", "group", "causal"), [
+    ((64, 4096, 4096), 4, True), ((64, 4096, 4096), 4, False), ((6, 1024, 1024), 2, True),
+    ((3, 512, 1024), 3, True), ((4, 960, 640), 1, False)])
+def test_key_tile_costs_are_the_query_tiles_each_key_tile_visits_in_launch_order(shape, group, causal):
+    n_zh, n_q, n_k = shape
+    assert gb.key_tile_costs(n_zh, n_q, n_k, 64, 128, group, causal) == _launch_order_query_tiles(
+        n_zh, n_q, n_k, 64, 128, group, causal)
+
+
+@pytest.mark.parametrize(("shape", "group"), [((64, 4096), 4), ((32, 8192), 4), ((16, 16384), 4)])
+def test_causal_key_tiles_are_handed_out_so_no_program_has_much_more_work_than_the_mean(shape, group):
+    # the schedule is the forward's (flash_gluon.tile_schedule); causal key tile n visits n_q - 128 n queries,
+    # so in launch order (heaviest first in each group) round-robin leaves some programs much more to do:
+    # (4, 16, 4096, 128), (2, 16, 8192, 128) and the leaderboard's (16, 1, 16384, 64) on 132 programs
+    n_zh, n = shape
+    costs = gb.key_tile_costs(n_zh, n, n, 64, 128, group, True)
+    table = flash_gluon.tile_schedule(costs, 132)
+    offsets, tiles = table[:133], table[133:]
+    per_program = [tiles[offsets[p]:offsets[p + 1]] for p in range(132)]
+    assert sorted(t for mine in per_program for t in mine) == list(range(len(costs)))  # each key tile once
+
+    def busiest_share(hand_out):
+        work = [sum(costs[t] + flash_gluon.TILE_FIXED_COST for t in mine) for mine in hand_out]
+        return max(work) / (sum(work) / len(work))
+    assert busiest_share([list(range(p, len(costs), 132)) for p in range(132)]) > 1.1
+    assert busiest_share(per_program) < 1.01
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 77, 64), (3, 130, 128), (1, 1, 64, 64)])
