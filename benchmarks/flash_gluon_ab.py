@@ -141,6 +141,14 @@ def check_run_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         ap.error("--head-start times calls in turns; it does not apply with --sustain-ms")
 
 
+def require_gpu(ap: argparse.ArgumentParser) -> None:
+    """Refuse by name (ap.error) where no CUDA GPU is visible, once the arguments have been checked."""
+    import torch
+
+    if not torch.cuda.is_available():
+        ap.error("this benchmark times CUDA kernels; no GPU is visible")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", type=parse_config, default=None,
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                              "flash_gluon")
     if baseline is not None:
         versions[BASE_PREFIX] = baseline
+    require_gpu(ap)
 
     out = Path(args.out)
     sustained = args.sustain_ms is not None

@@ -23,7 +23,8 @@ for that long a round, the median round counting (flash_ab's sustained mode):
                             _tma, one bulk reduction a tile by the copy engine, and _turns, the same for the two
                             consumers' keys together, one consumer a tile in turns, _turns-t, that as
                             dQ^T for two or three consumers at any block_m, and _halves, each of two consumers
-                            its half of the columns every tile), dQ cast;
+                            its half of the columns every tile), dQ cast; order ws-p is ws persistent (one
+                            program an SM taking key tile after key tile; tma, turns and halves);
                             fused_kernel_<cfg>[_<mode>] its kernel alone, and fused_probe_<cfg> the red kernel
                             adding no row (what the adds' traffic costs; 64-query configs); --dq-mode picks
                             the modes; with --rotate each ws one also with a _rot suffix: the kernel's
@@ -53,13 +54,20 @@ import math
 from pathlib import Path
 
 from benchmarks.flash_ab import _sdpa_call, load_baseline, parse_pin, record_cell, write_report
-from benchmarks.flash_gluon_ab import BASE_PREFIX, add_run_args, check_run_args, speedups_vs_baseline, time_cell
+from benchmarks.flash_gluon_ab import (
+    BASE_PREFIX,
+    add_run_args,
+    check_run_args,
+    require_gpu,
+    speedups_vs_baseline,
+    time_cell,
+)
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),
           ((1, 4, 4097, 64), False)]
-# kernels.flash_gluon_bwd.DKDV_ORDERS (not imported: it needs Gluon)
-ORDERS = ("overlap", "defer", "plain", "ws", "overlap-rs", "defer-rs", "plain-rs")
+# kernels.flash_gluon_bwd.DKDV_ORDERS and the fused kernel's persistent "ws-p" (not imported: it needs Gluon)
+ORDERS = ("overlap", "defer", "plain", "ws", "overlap-rs", "defer-rs", "plain-rs", "ws-p")
 CONFIGS = [(64, 64, 2, 4, "overlap", None), (32, 64, 2, 4, "overlap", None)]
 DQ_CONFIGS = [(64, 64, 2, 4, "overlap", None)]
 # kernels.flash_gluon_bwd.DQ_MODES less "probe", which is timed beside them (the kernels are imported only
@@ -289,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hybrid", action="store_true", help="time the kernels alone, not the hybrid backwards")
     ap.add_argument("--fused-config", action="append", type=parse_config, default=[],
                     metavar="BM,BN,STAGES,WARPS[,ORDER][,rN]",
-                    help="also time the fused backward at this config (repeatable; ORDER overlap, defer or ws)")
+                    help="also time the fused backward at this config (repeatable; ORDER overlap, defer, ws or ws-p, "
+                         "ws persistent)")
     ap.add_argument("--dq-mode", action="append", choices=FUSED_DQ_MODES, default=None,
                     help=f"with --fused-config: only these ways of adding dQ (repeatable; default every one the "
                          f"config takes of {', '.join(FUSED_DQ_MODES)})")
@@ -309,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--baseline compares the fused backward: give it a --fused-config")
     baseline = load_baseline(ap, args.baseline, "flash_gluon_bwd_baseline", ("fused_backward", "launch"),
                              "flash_gluon_bwd")
+    require_gpu(ap)
     from kernels import flash_triton
     from worker.harness import fingerprint
 

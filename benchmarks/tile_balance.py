@@ -1,13 +1,17 @@
-"""The persistent forward's tile schedule, modelled: how much work its busiest program gets against the mean.
+"""The persistent kernels' tile schedule, modelled: how much work the busiest program gets against the mean.
 
     python -m benchmarks.tile_balance --out balance.json                      (the shapes below, 132 SMs)
     python -m benchmarks.tile_balance --shape 4,16,4096,128,causal --programs 132 --out balance.json
+    python -m benchmarks.tile_balance --backward --out balance_bwd.json       (the fused backward's key tiles)
 
 For each shape, the tiles and grid order flash_triton's shipped forward would launch (kernels/flash_gluon.py:
 SHIPPED_FWD's rows a tile, 128-key tiles, flash_triton._head_group), each tile's work counted as its key tiles
 plus TILE_FIXED_COST, and the busiest program's work over the mean for each way tile_schedule weighs:
 each of flash_gluon.hand_outs (round-robin, earliest-free in launch order, earliest-free with the last
-TAIL_WAVES waves heaviest first) and the one tile_schedule picks. A model of the work, not a timing: no GPU needed.
+TAIL_WAVES waves heaviest first) and the one tile_schedule picks. With --backward, the fused backward's key
+tiles instead (kernels/flash_gluon_bwd.py: FUSED_CONFIG_WS's 128 keys a tile, each tile's work its 64-query
+steps, key_tile_costs), what its persistent order "ws-p" is handed; earliest-free in launch order is also how
+the hardware hands the one-tile kernel's grid out. A model of the work, not a timing: no GPU needed.
 """
 from __future__ import annotations
 
@@ -33,21 +37,28 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
     return b, h, s, d, len(parts) == 5
 
 
-def balance(shape: tuple[int, int, int, int, bool], programs: int) -> dict:
+def balance(shape: tuple[int, int, int, int, bool], programs: int, backward: bool = False) -> dict:
     from kernels import flash_gluon as fg
     from kernels import flash_triton as ft
 
     b, h, s, d, causal = shape
-    cfg = fg.shipped_config(d, causal) or fg.FWD_CONFIG_WS
     group = ft._head_group(causal, b * h, None)
-    costs = fg.tile_costs(b * h, s, s, cfg.block_m, cfg.block_n, group, causal)
+    if backward:
+        from kernels import flash_gluon_bwd as gb
+
+        cfg = gb.FUSED_CONFIG_WS
+        costs = gb.key_tile_costs(b * h, s, s, cfg.block_m, cfg.block_n, group, causal)
+    else:
+        cfg = fg.shipped_config(d, causal) or fg.FWD_CONFIG_WS
+        costs = fg.tile_costs(b * h, s, s, cfg.block_m, cfg.block_n, group, causal)
     used = min(programs, len(costs))
     mean = sum(c + fg.TILE_FIXED_COST for c in costs) / used
     ways = fg.hand_outs(costs, used)
     table = fg.tile_schedule(costs, programs)
     ways["tile_schedule"] = [table[used + 1 + table[p]:used + 1 + table[p + 1]] for p in range(used)]
     busiest = {name: round(fg._busiest(costs, tiles) / mean, 4) for name, tiles in ways.items()}
-    return {"shape": list(shape[:4]), "causal": causal, "block_m": cfg.block_m, "block_n": cfg.block_n,
+    return {"shape": list(shape[:4]), "causal": causal, "pass": "bwd" if backward else "fwd",
+            "block_m": cfg.block_m, "block_n": cfg.block_n,
             "group": group, "tiles": len(costs), "programs": used, "busiest_over_mean": busiest}
 
 
@@ -56,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", type=parse_shape, action="append", metavar="B,H,S,D[,causal]",
                     help="a shape (repeatable; default: a causal grid at d 64 and 128, and one non-causal)")
     ap.add_argument("--programs", type=int, default=132, help="persistent programs: the GPU's SMs (H100, H200: 132)")
+    ap.add_argument("--backward", action="store_true", help="the fused backward's key tiles, not the forward's")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
@@ -63,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--programs {args.programs}: at least 1")
     from worker.harness import fingerprint
 
-    rows = [balance(shape, args.programs) for shape in args.shape or SHAPES]
+    rows = [balance(shape, args.programs, args.backward) for shape in args.shape or SHAPES]
     for row in rows:
         ratios = "  ".join(f"{k} {v:.3f}x" for k, v in row["busiest_over_mean"].items())
         print(f"{tuple(row['shape'])} {'causal' if row['causal'] else 'non-causal'}, {row['tiles']} tiles: {ratios}")

@@ -110,3 +110,15 @@ def test_each_config_is_compared_with_the_baselines_own_run_of_it():
     best = {"triton": 1.0, "gluon_192x128x4x4_ws": 0.9, "base_gluon_192x128x4x4_ws": 1.08,
             "gluon_128x128x3x4_ws": 1.2, "sdpa_cudnn": 0.95}  # the 128-row config failed in the baseline
     assert speedups_vs_baseline(best) == {"gluon_192x128x4x4_ws": pytest.approx(1.2)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
+def test_without_a_gpu_both_gluon_benchmarks_say_so_and_write_nothing(tmp_path, capsys):
+    from benchmarks import flash_gluon_ab, flash_gluon_bwd_ab
+
+    for main, extra in ((flash_gluon_ab.main, ["--config", "192,128,4,4,ws-p"]),
+                        (flash_gluon_bwd_ab.main, ["--fused-config", "64,128,3,4,ws-p", "--dq-mode", "halves"])):
+        out = tmp_path / "ab.json"
+        with pytest.raises(SystemExit):
+            main([*extra, "--shape", "1,2,4096,64", "--sustain-ms", "300", "--out", str(out)])
+        assert "no GPU is visible" in capsys.readouterr().err and not out.exists()

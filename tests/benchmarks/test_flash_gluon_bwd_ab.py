@@ -17,9 +17,10 @@ def test_configs_parse_and_bad_ones_are_named():
     assert parse_config("32,64,3,4,overlap-rs") == (32, 64, 3, 4, "overlap-rs", None)
     assert config_name((64, 64, 2, 4, "overlap", None)) == "64x64x2x4"
     assert config_name((64, 64, 3, 4, "defer", 168)) == "64x64x3x4_defer_r168"
-    # the benchmark's own copy of the dK/dV kernel's orders (it parses configs without importing Gluon)
-    from kernels.flash_gluon_bwd import DKDV_ORDERS, DQ_MODES
-    assert sorted(ORDERS) == sorted(DKDV_ORDERS)
+    assert parse_config("64,128,3,4,ws-p") == (64, 128, 3, 4, "ws-p", None)
+    # the benchmark's own copy of the dK/dV and fused kernels' orders (it parses configs without importing Gluon)
+    from kernels.flash_gluon_bwd import DKDV_ORDERS, DQ_MODES, FUSED_ORDERS
+    assert sorted(ORDERS) == sorted(set(DKDV_ORDERS + FUSED_ORDERS))
     assert sorted(FUSED_DQ_MODES + ("probe",)) == sorted(DQ_MODES)  # and of the fused kernel's dQ modes
     for bad in ("64,64,2", "64,64,2,4,fast", "64,0,2,4", "r168", "64,64,2,4,r168,defer"):
         with pytest.raises(argparse.ArgumentTypeError, match="BLOCK_M,BLOCK_N,STAGES,WARPS"):
