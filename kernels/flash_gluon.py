@@ -646,6 +646,14 @@ def _schedule_tile(tile, G, T, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
+def _scheduled_tiles(SCHEDULE):
+    """(this program's tiles in tile_schedule's table, where they start and end there): a persistent program
+    runs tile gl.load(tiles + i) for i in range(first, end), its producer and consumers alike."""
+    tiles = SCHEDULE + gl.num_programs(0) + 1
+    return tiles, gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)
+
+
+@gluon.jit
 def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars,
                           n_q, n_k, SCHEDULE, G, IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -657,8 +665,8 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
     T = gl.cdiv(n_q, BLOCK_M)
     base = 0
     j = 0
-    tiles = SCHEDULE + gl.num_programs(0) + 1
-    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+    tiles, first, end = _scheduled_tiles(SCHEDULE)
+    for i in range(first, end):
         pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         mbarrier.wait(q_free, (j & 1) ^ 1)
         mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
@@ -682,8 +690,8 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, e
     T = gl.cdiv(n_q, BLOCK_M)
     base = 0
     j = 0
-    tiles = SCHEDULE + gl.num_programs(0) + 1
-    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+    tiles, first, end = _scheduled_tiles(SCHEDULE)
+    for i in range(first, end):
         pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
         o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh

@@ -86,6 +86,7 @@ from kernels.flash_gluon import (
     _mma_layout,
     _program_tile,
     _refill,
+    _scheduled_tiles,
     _tile_row,
     _ws_stream,
 )
@@ -858,8 +859,8 @@ def _dkdv_ws_loader_persistent(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, 
     T = gl.cdiv(n_k, BLOCK_N)
     base = 0
     j = 0
-    tiles = SCHEDULE + gl.num_programs(0) + 1
-    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+    tiles, first_tile, end = _scheduled_tiles(SCHEDULE)
+    for i in range(first_tile, end):
         pid_zh, start_n, lo, n_iter = _key_tile(gl.load(tiles + i), G, T, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
         first = pid_zh * n_q + lo
         n_early = gl.minimum(n_iter, STAGES)
@@ -890,8 +891,8 @@ def _dkdv_ws_consumer_persistent(k_smem, v_smem, q_smem, do_smem, kv_bar, kv_fre
     T = gl.cdiv(n_k, BLOCK_N)
     base = 0
     j = 0
-    tiles = SCHEDULE + gl.num_programs(0) + 1
-    for i in range(gl.load(SCHEDULE + gl.program_id(0)), gl.load(SCHEDULE + gl.program_id(0) + 1)):
+    tiles, first_tile, end = _scheduled_tiles(SCHEDULE)
+    for i in range(first_tile, end):
         pid_zh, start_n, lo, n_iter = _key_tile(gl.load(tiles + i), G, T, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
         dk_base = DK + z.to(gl.int64) * stride_dkz + h.to(gl.int64) * stride_dkh
