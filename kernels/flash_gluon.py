@@ -646,6 +646,14 @@ def _schedule_tile(tile, G, T, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
+def _matrix_descriptor(X, rows, stride_row, ROWS: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+    """A tensor descriptor of X's first `rows` rows of COLS elements as one matrix (a persistent kernel's view
+    of every (z, h) pair's rows at once), in ROWS-row tiles."""
+    return tma.make_tensor_descriptor(X, shape=[rows, COLS], strides=[stride_row, 1], block_shape=[ROWS, COLS],
+                                      layout=layout)
+
+
+@gluon.jit
 def _scheduled_tiles(SCHEDULE):
     """(this program's tiles in tile_schedule's table, where they start and end there): a persistent program
     runs tile gl.load(tiles + i) for i in range(first, end), its producer and consumers alike."""
@@ -720,12 +728,9 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    q_desc = tma.make_tensor_descriptor(Q, shape=[n_zh * n_q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[rows, HEAD_DIM], layout=q_layout)
-    k_desc = tma.make_tensor_descriptor(K, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    q_desc = _matrix_descriptor(Q, n_zh * n_q, stride_qm, rows, HEAD_DIM, q_layout)
+    k_desc = _matrix_descriptor(K, n_zh * n_k, stride_kn, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = _matrix_descriptor(V, n_zh * n_k, stride_vn, BLOCK_N, HEAD_DIM, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, rows, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)

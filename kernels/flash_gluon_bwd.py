@@ -83,6 +83,7 @@ from kernels.flash_gluon import (
     _block_barrier,
     _key_tiles,
     _kv_ring,
+    _matrix_descriptor,
     _mma_layout,
     _program_tile,
     _refill,
@@ -928,14 +929,10 @@ def _fused_ws_persistent_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     dtype: gl.constexpr = Q.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_WG_KEYS, HEAD_DIM], dtype)
-    q_desc = tma.make_tensor_descriptor(Q, shape=[n_zh * n_q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
-    do_desc = tma.make_tensor_descriptor(DO, shape=[n_zh * n_q, HEAD_DIM], strides=[stride_dom, 1],
-                                         block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
-    k_desc = tma.make_tensor_descriptor(K, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[_WG_KEYS, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, shape=[n_zh * n_k, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[_WG_KEYS, HEAD_DIM], layout=kv_layout)
+    q_desc = _matrix_descriptor(Q, n_zh * n_q, stride_qm, BLOCK_M, HEAD_DIM, q_layout)
+    do_desc = _matrix_descriptor(DO, n_zh * n_q, stride_dom, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = _matrix_descriptor(K, n_zh * n_k, stride_kn, _WG_KEYS, HEAD_DIM, kv_layout)
+    v_desc = _matrix_descriptor(V, n_zh * n_k, stride_vn, _WG_KEYS, HEAD_DIM, kv_layout)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, _WG_KEYS, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
