@@ -316,7 +316,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
           st_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, empty_bars=None,
           WS: gl.constexpr = False, dq_stage=None, k_all=None, ds_full=None, ds_free=None,
           WHICH: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2, shift=0, ROTATE: gl.constexpr = False,
-          DQ_COLS: gl.constexpr = 0, base=0, dq_row0=0):
+          DQ_COLS: gl.constexpr = 0, base=0):
     """Query tile t of this key tile, in loop order ORDER (module docstring). Returns the new (dK, dV),
     ORDER 1's (dS^T, its slot) of this tile, and the next tile's (L log2 e, Delta). DQ_MODE 1 or 2 (the
     fused backward, ORDER 0 only) also adds this key tile's share of the tile's dQ, dS K, into the fp32
@@ -332,8 +332,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
     on every tile, columns [WHICH * DQ_COLS, + DQ_COLS) of that share.
     ROTATE (the warp-specialised kernel, non-causal): step t takes query tile (t + shift) % n_iter (_tile_row).
     base (the persistent kernel's): the ring's steps before this key tile's, so step t is the ring's step
-    base + t, which picks the Q/dO slot and the dS^T parity (whose turn a tile is goes by t); dq_row0: the
-    accumulator's row of this (z, h)'s query 0 (its descriptor then spans every pair's rows)."""
+    base + t, which picks the Q/dO slot and the dS^T parity (whose turn a tile is goes by t)."""
     dtype: gl.constexpr = k_smem.dtype
     r = base + t  # the ring's count of this step (t where a program takes one key tile)
     slot = r % STAGES
@@ -389,7 +388,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
                     lse2_next, delta_next = _row_stats(l_base, delta_base, next_m, n_q, BLOCK_M, st_layout)
                 dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
                 mbarrier.arrive(ds_free.index(r % 2), count=1)  # every slot of parity r % 2 read (by this one)
-                _add_dq_tma(dq_base, dq_stage, dq_t, dq_row0 + start_m, DQ_MODE == 5, WHICH * DQ_COLS)
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m, DQ_MODE == 5, WHICH * DQ_COLS)
             else:
                 dk, dv, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, pt_op, ds_op])
         else:
@@ -399,7 +398,7 @@ def _step(t, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc, dk, dv, ds_
             dq_tok = _dq_matmul(ds_smem, k_smem, BLOCK_M, HEAD_DIM, dq_layout, True)
             dk, dv, dq_t, pt_op, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, dv_tok, dq_tok, pt_op, ds_op])
             if DQ_MODE == 3:
-                _add_dq_tma(dq_base, dq_stage, dq_t, dq_row0 + start_m)
+                _add_dq_tma(dq_base, dq_stage, dq_t, start_m)
             else:
                 _add_dq(dq_base, dq_t, start_m, dq_rows, DQ_MODE == 2, BLOCK_M, HEAD_DIM, dq_layout)
         if WS:
@@ -619,7 +618,7 @@ def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bar
                   stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
                   ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr,
-                  DQ_MODE: gl.constexpr, shift, ROTATE: gl.constexpr, kv_phase=0, kv_free=None, base=0, dq_row0=0,
+                  DQ_MODE: gl.constexpr, shift, ROTATE: gl.constexpr, kv_phase=0, kv_free=None, base=0,
                   DRAIN: gl.constexpr = True):
     """Consumer warpgroup WHICH on one key tile: keys [start_n + WHICH * WG_KEYS, + WG_KEYS) against every
     query tile of the ring, in the overlapped order (_step); dK and dV straight from registers to global memory
@@ -630,7 +629,7 @@ def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bar
     own slot of dq_stage into the descriptor dq_base; with DQ_MODE 4 the two consumers share their dS^T
     through ds_full and ds_free, and each adds every other tile's whole dQ that way).
     The persistent kernel's (_fused_ws_persistent_kernel) tiles: K and V are kv_bar's phase kv_phase, the
-    query tiles the ring's steps base, base + 1, ... (_step's base; dq_row0 its), and kv_free is arrived at
+    query tiles the ring's steps base, base + 1, ... (_step's base), and kv_free is arrived at
     once every matmul of this consumer has read its K and V, before dK and dV are stored; DRAIN off leaves
     the last dQ reduction running (the program waits once, at its end)."""
     dtype: gl.constexpr = q_smem.dtype
@@ -675,7 +674,7 @@ def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bar
                                   dq_cols)
                 dq_t = warpgroup_mma_wait(0, deps=[dq_tok])
                 mbarrier.arrive(ds_free.index(r % 2), count=1)
-                _add_dq_tma(dq_base, dq_mine, dq_t, dq_row0 + lo + t * BLOCK_M, DQ_MODE == 5, WHICH * dq_cols)
+                _add_dq_tma(dq_base, dq_mine, dq_t, lo + t * BLOCK_M, DQ_MODE == 5, WHICH * dq_cols)
     lse2, delta = _row_stats(l_base, delta_base, _tile_row(n_skip, lo, shift, n_iter, BLOCK_M, ROTATE), n_q, BLOCK_M,
                              st_layout)
     dk = gl.zeros([_WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
@@ -688,13 +687,13 @@ def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bar
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, True, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, base, dq_row0)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, base)
     for t in range(n_diag, n_iter):
         dk, dv, ds_op, prev, lse2, delta = _step(
             t, k_mine, v_mine, q_smem, do_smem, ready_bars, None, None, dk, dv, ds_op, prev, lse2, delta, l_base,
             delta_base, lo, n_q, n_iter, my_n, qk_scale, ds_mine, dq_base, dq_rows, False, 0, DQ_MODE, False,
             HEAD_DIM, BLOCK_M, _WG_KEYS, STAGES, 4, st_layout, op_layout, dq_layout, empty_bars, True, dq_mine,
-            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, base, dq_row0)
+            k_smem, ds_full, ds_free, WHICH, CONSUMERS, shift, ROTATE, dq_cols, base)
     if kv_free is not None:  # each step waited for its matmuls: this consumer is done with every K and V tile
         mbarrier.arrive(kv_free, count=1)
     if DQ_MODE >= 3 and DRAIN:
@@ -883,11 +882,16 @@ def _dkdv_ws_loader_persistent(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, 
 @gluon.jit
 def _dkdv_ws_consumer_persistent(k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, ready_bars, empty_bars, DK, DV,
                                  stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn, L, Delta, H,
-                                 n_q, n_k, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full, ds_free,
+                                 n_q, n_k, n_zh, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full, ds_free,
                                  SCHEDULE, G, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                  STAGES: gl.constexpr, WHICH: gl.constexpr, DQ_MODE: gl.constexpr):
     """Consumer warpgroup WHICH of the persistent kernel: _dkdv_ws_tile on each of the program's key tiles, in
-    the order the producer loads them; the last dQ reduction is waited for once, at the end."""
+    the order the producer loads them; the last dQ reduction is waited for once, at the end.
+    Its rows are those of the (n_zh * n_q, d) matrices every (z, h) pair's queries make: a tile's queries,
+    L, Delta and dQ rows from the pair's first row c = pid_zh * n_q on, so no per-tile base is held through
+    the steps. Its keys count from c too (the causal mask compares key and query rows, both shifted by c),
+    and dK's and dV's bases are moved back by c rows to match; key tiles are whole (persistent_error), so the
+    stores' mask at n_k + c is the pair's own."""
     BLOCK_N: gl.constexpr = k_smem.shape[0] * _WG_KEYS
     T = gl.cdiv(n_k, BLOCK_N)
     base = 0
@@ -896,14 +900,13 @@ def _dkdv_ws_consumer_persistent(k_smem, v_smem, q_smem, do_smem, kv_bar, kv_fre
     for i in range(first_tile, end):
         pid_zh, start_n, lo, n_iter = _key_tile(gl.load(tiles + i), G, T, n_q, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
-        dk_base = DK + z.to(gl.int64) * stride_dkz + h.to(gl.int64) * stride_dkh
-        dv_base = DV + z.to(gl.int64) * stride_dvz + h.to(gl.int64) * stride_dvh
-        l_base = L + pid_zh.to(gl.int64) * n_q
-        delta_base = Delta + pid_zh.to(gl.int64) * n_q
+        c = pid_zh * n_q  # the pair's first row
+        dk_base = DK + z.to(gl.int64) * stride_dkz + h.to(gl.int64) * stride_dkh - c.to(gl.int64) * stride_dkn
+        dv_base = DV + z.to(gl.int64) * stride_dvz + h.to(gl.int64) * stride_dvh - c.to(gl.int64) * stride_dvn
         _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base, stride_dkn,
-                      stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale, ds_smem,
-                      dq_stage, dq_target, n_q, ds_full, ds_free, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, WHICH,
-                      DQ_MODE, 0, False, j & 1, kv_free, base, pid_zh * n_q, False)
+                      stride_dvn, L, Delta, c + start_n, c + lo, n_zh * n_q, c + n_k, n_iter, sm_scale, qk_scale,
+                      ds_smem, dq_stage, dq_target, n_q, ds_full, ds_free, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES,
+                      WHICH, DQ_MODE, 0, False, j & 1, kv_free, base, False)
         base += n_iter
         j += 1
     tma.store_wait(0)  # the last reduction has read the staging tile before the program ends
@@ -962,12 +965,14 @@ def _fused_ws_persistent_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     gl.warp_specialize([
         (_dkdv_ws_consumer_persistent, (k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, ready_bars, empty_bars, DK,
                                         DV, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn, L,
-                                        Delta, H, n_q, n_k, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full,
-                                        ds_free, SCHEDULE, group, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0, DQ_MODE)),
+                                        Delta, H, n_q, n_k, n_zh, sm_scale, qk_scale, ds_smem, dq_stage, dq_target,
+                                        ds_full, ds_free, SCHEDULE, group, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 0,
+                                        DQ_MODE)),
         (_dkdv_ws_consumer_persistent, (k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, ready_bars, empty_bars, DK,
                                         DV, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn, L,
-                                        Delta, H, n_q, n_k, sm_scale, qk_scale, ds_smem, dq_stage, dq_target, ds_full,
-                                        ds_free, SCHEDULE, group, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1, DQ_MODE)),
+                                        Delta, H, n_q, n_k, n_zh, sm_scale, qk_scale, ds_smem, dq_stage, dq_target,
+                                        ds_full, ds_free, SCHEDULE, group, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, 1,
+                                        DQ_MODE)),
         (_dkdv_ws_loader_persistent, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
                                       kv_free, ready_bars, empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_M,
                                       STAGES, CONSUMERS))],
