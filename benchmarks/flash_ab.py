@@ -94,7 +94,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], bool]:
     return tuple(int(x) for x in sizes), causal
 
 
-BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq", "gluon_fwd", "gluon_fused")
+BOOL_OPTIONS = ("autotune", "tma", "gluon_dkdv", "gluon_dq", "gluon_fwd", "gluon_fused", "fused_persistent")
 INT_OPTIONS = ("head_group", "bwd_head_group", "fused_min_seq", "gluon_fwd_min_seq")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
@@ -150,6 +150,14 @@ def parse_fuse(text: str) -> tuple[int, bool]:
         raise argparse.ArgumentTypeError(
             f"--fuse {text!r}: want D or D,causal with D one of {', '.join(map(str, SHIPPED_FUSED_DQ_MODES))}")
     return int(head_dim), mask == "causal"
+
+
+def require_gpu(ap: argparse.ArgumentParser) -> None:
+    """Refuse by name (ap.error) where no CUDA GPU is visible, once the arguments have been checked."""
+    import torch
+
+    if not torch.cuda.is_available():
+        ap.error("this benchmark times CUDA kernels; no GPU is visible")
 
 
 def ship_fused(keys: list[tuple[int, bool]]) -> dict:
@@ -286,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     sustained = args.sustain_ms is not None
     fused_at = ship_fused(args.fuse)
     base = load_module(args.baseline) if args.baseline else current
+    require_gpu(ap)
     label = args.label or (args.baseline.name if args.baseline else "this tree")
     variants = {name: variant_options(args.options, opts) for name, opts in args.variant}
     report = {"kind": "flash_ab", **fingerprint(args.commit), "baseline": label, "options": args.options,

@@ -33,6 +33,7 @@ from benchmarks.flash_ab import (
     parse_sdpa,
     parse_shape,
     record_cell,
+    require_gpu,
     round_stat,
     time_calls,
     write_report,
@@ -139,14 +140,6 @@ def check_run_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         ap.error("--sustain-ms must be > 0")
     if args.sustain_ms is not None and args.head_start:
         ap.error("--head-start times calls in turns; it does not apply with --sustain-ms")
-
-
-def require_gpu(ap: argparse.ArgumentParser) -> None:
-    """Refuse by name (ap.error) where no CUDA GPU is visible, once the arguments have been checked."""
-    import torch
-
-    if not torch.cuda.is_available():
-        ap.error("this benchmark times CUDA kernels; no GPU is visible")
 
 
 def main(argv: list[str] | None = None) -> int:

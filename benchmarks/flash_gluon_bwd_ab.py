@@ -53,15 +53,8 @@ import argparse
 import math
 from pathlib import Path
 
-from benchmarks.flash_ab import _sdpa_call, load_baseline, parse_pin, record_cell, write_report
-from benchmarks.flash_gluon_ab import (
-    BASE_PREFIX,
-    add_run_args,
-    check_run_args,
-    require_gpu,
-    speedups_vs_baseline,
-    time_cell,
-)
+from benchmarks.flash_ab import _sdpa_call, load_baseline, parse_pin, record_cell, require_gpu, write_report
+from benchmarks.flash_gluon_ab import BASE_PREFIX, add_run_args, check_run_args, speedups_vs_baseline, time_cell
 
 SHAPES = [((16, 16384, 64), True), ((4, 16, 4096, 64), False), ((4, 16, 4096, 128), True),
           ((4, 16, 4096, 128), False), ((2, 16, 8192, 128), True), ((1, 4, 1000, 128), True),

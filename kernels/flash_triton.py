@@ -780,6 +780,10 @@ class LaunchOptions:
                 not bitwise reproducible; False keeps the split backward everywhere
     fused_min_seq
                 the queries, and the keys, a call needs for gluon_fused to apply (FUSED_MIN_SEQ)
+    fused_persistent
+                the fused kernel runs persistent (its order "ws-p": one program an SM taking key tile after
+                key tile) where flash_gluon_bwd.persistent_error allows. Off by default: not yet run on a GPU
+                (docs/results/h200/flash_tuning.md, step 60)
     """
 
     autotune: bool = True
@@ -794,6 +798,7 @@ class LaunchOptions:
     copy_grad_min_work: int = COPY_GRAD_MIN_WORK
     gluon_fused: bool = True
     fused_min_seq: int = FUSED_MIN_SEQ
+    fused_persistent: bool = False
     key: tuple = field(init=False, repr=False, compare=False)  # hashable summary, for launch plans
 
     def __post_init__(self):
@@ -811,7 +816,8 @@ class LaunchOptions:
         pinned = tuple(sorted((name, str(cfg)) for name, cfg in self.pinned.items()))
         object.__setattr__(self, "key", (self.autotune, self.head_group, self.bwd_head_group, self.tma, pinned,
                                          self.gluon_dkdv, self.gluon_dq, self.gluon_fwd, self.copy_grad_min_work,
-                                         self.gluon_fused, self.fused_min_seq, self.gluon_fwd_min_seq))
+                                         self.gluon_fused, self.fused_min_seq, self.gluon_fwd_min_seq,
+                                         self.fused_persistent))
 
 
 DEFAULT_OPTIONS = LaunchOptions()
@@ -1101,6 +1107,8 @@ def _gluon_config(which: str, is_causal: bool, q4, k4, v4, do4, options: LaunchO
         return None
     if which in ("dq", "fused") and flash_gluon_bwd.o_error(o4) is not None:
         return None
+    if which == "fused" and options.fused_persistent:
+        return cfg._replace(order="ws-p")  # (flash_gluon_bwd.launch runs "ws" where it cannot be persistent)
     return cfg
 
 

@@ -5,6 +5,8 @@
 # Sections:
 #   tests     every kernel GPU test (pytest -m gpu tests/kernels/, 8 workers)
 #   bwd_p     the fused backward, order ws against ws-p (persistent), each alone 300 ms a round, with cuDNN
+#   bwd_p_ab  flash_triton's backward with LaunchOptions(fused_persistent=True) against the default, each
+#             alone a second a round (flash_ab), on the d=128 shapes of seq 4096 and 8192
 #   fwd64     the causal d=64 forward, ws against ws-p (persistent, tiles from the schedule), the same way
 #   grid      forward+backward against SDPA's flash and cuDNN under do_bench (seq >= 4096), d=128 then d=64
 # PY names the Python (default python3); COMMIT the commit recorded in the JSON (default: git's HEAD).
@@ -12,7 +14,7 @@ set -u
 out=${1:?output folder}
 budget=${2:?seconds for the whole run}
 shift 2
-sections=${*:-tests bwd_p fwd64 grid}
+sections=${*:-tests bwd_p bwd_p_ab fwd64 grid}
 py=${PY:-python3}
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 start=$(date +%s)
@@ -30,6 +32,9 @@ bwd_p) for d in 128 64; do mode=$([ "$d" = 128 ] && echo halves || echo turns)  
       --fused-config 64,128,3,4,ws --fused-config 64,128,3,4,ws-p --dq-mode "$mode" \
       $(printf -- '--shape %s ' $shapes) --sdpa cudnn --sustain-ms 300 --rounds 3 \
       --out "$out/bwd_persistent_d${d}_$commit.json" --commit "$commit"; done ;;
+bwd_p_ab) run bwd_persistent_ab 150 "$py" -m benchmarks.flash_ab --pass bwd --options fused_persistent=true \
+    --shape 4,16,4096,128 --shape 4,16,4096,128,causal --shape 2,16,8192,128 --sdpa cudnn --sustain-ms 1000 \
+    --rounds 3 --out "$out/bwd_persistent_ab_$commit.json" --commit "$commit" ;;
 fwd64) run fwd64_causal 120 "$py" -m benchmarks.flash_gluon_ab --config 192,128,4,4,ws --config 192,128,4,4,ws-p \
     --shape 4,32,4096,64,causal --shape 2,32,8192,64,causal --shape 16,1,16384,64,causal --sdpa cudnn \
     --sustain-ms 300 --rounds 3 --out "$out/fwd64_causal_$commit.json" --commit "$commit" ;;

@@ -28,7 +28,7 @@ def test_each_section_runs_its_command_and_logs_it(tmp_path):
     assert r.returncode == 0, r.stderr
     steps = (out / "steps.log").read_text().splitlines()
     assert [s.split(":")[0] for s in steps] == ["gpu_tests_kernels", "bwd_persistent_d128", "bwd_persistent_d64",
-                                                "fwd64_causal", "grid_d128", "grid_d64"]
+                                                "bwd_persistent_ab", "fwd64_causal", "grid_d128", "grid_d64"]
     assert all(": rc 0 after" in s for s in steps)
     assert (out / "gpu_tests_kernels.log").read_text().split()[:4] == ["-m", "pytest", "-m", "gpu"]
     d128 = (out / "bwd_persistent_d128.log").read_text().split()
@@ -51,19 +51,19 @@ def test_an_unknown_section_is_named(tmp_path):
     assert r.returncode == 2 and "unknown section fwd128" in r.stderr
 
 
-@pytest.mark.parametrize("section", ["bwd_p", "fwd64", "grid"])
+@pytest.mark.parametrize("section", ["bwd_p", "bwd_p_ab", "fwd64", "grid"])
 def test_the_benchmark_command_lines_parse(tmp_path, section, capsys):
     # the benchmarks' own parsers take the script's arguments: on this machine each stops at its GPU check
     import torch
 
-    from benchmarks import flash_gluon_ab, flash_gluon_bwd_ab, flash_sustained
+    from benchmarks import flash_ab, flash_gluon_ab, flash_gluon_bwd_ab, flash_sustained
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU host the benchmarks would run")
 
     _, out = _run(tmp_path, 600, section)
     mains = {"benchmarks.flash_gluon_bwd_ab": flash_gluon_bwd_ab.main, "benchmarks.flash_gluon_ab": flash_gluon_ab.main,
-             "benchmarks.flash_sustained": flash_sustained.main}
+             "benchmarks.flash_sustained": flash_sustained.main, "benchmarks.flash_ab": flash_ab.main}
     for log in sorted(out.glob("*.log")):
         if log.name == "steps.log":
             continue

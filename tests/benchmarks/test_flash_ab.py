@@ -77,8 +77,10 @@ def test_launch_options_and_sdpa_backends_parse_and_bad_ones_are_named():
     assert parse_options("gluon_dq=true") == {"gluon_dq": True}
     assert parse_options("gluon_fwd=true") == {"gluon_fwd": True}
     assert parse_options("gluon_fused=false,fused_min_seq=1") == {"gluon_fused": False, "fused_min_seq": 1}
+    assert parse_options("fused_persistent=true") == {"fused_persistent": True}
     with pytest.raises(argparse.ArgumentTypeError,
-                       match="NAME one of autotune, tma, gluon_dkdv, gluon_dq, gluon_fwd, gluon_fused, head_group"):
+                       match="NAME one of autotune, tma, gluon_dkdv, gluon_dq, gluon_fwd, gluon_fused, "
+                             "fused_persistent, head_group"):
         parse_options("backward=fused")
     with pytest.raises(argparse.ArgumentTypeError, match="tma is true or false"):
         parse_options("tma=maybe")

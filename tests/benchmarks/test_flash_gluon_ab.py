@@ -113,11 +113,12 @@ def test_each_config_is_compared_with_the_baselines_own_run_of_it():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
-def test_without_a_gpu_both_gluon_benchmarks_say_so_and_write_nothing(tmp_path, capsys):
-    from benchmarks import flash_gluon_ab, flash_gluon_bwd_ab
+def test_without_a_gpu_the_flash_ab_benchmarks_say_so_and_write_nothing(tmp_path, capsys):
+    from benchmarks import flash_ab, flash_gluon_ab, flash_gluon_bwd_ab
 
     for main, extra in ((flash_gluon_ab.main, ["--config", "192,128,4,4,ws-p"]),
-                        (flash_gluon_bwd_ab.main, ["--fused-config", "64,128,3,4,ws-p", "--dq-mode", "halves"])):
+                        (flash_gluon_bwd_ab.main, ["--fused-config", "64,128,3,4,ws-p", "--dq-mode", "halves"]),
+                        (flash_ab.main, ["--options", "fused_persistent=true"])):
         out = tmp_path / "ab.json"
         with pytest.raises(SystemExit):
             main([*extra, "--shape", "1,2,4096,64", "--sustain-ms", "300", "--out", str(out)])

@@ -490,6 +490,14 @@ def test_the_fused_backward_is_picked_only_where_it_ships_and_nothing_pins_the_s
         ft.LaunchOptions(fused_min_seq=-1)
     assert ft.LaunchOptions(fused_min_seq=0).key != ft.DEFAULT_OPTIONS.key
     assert ft.LaunchOptions(gluon_fused=False).key != ft.DEFAULT_OPTIONS.key
+    # fused_persistent (off by default) takes the same config in the persistent order, wherever it ships
+    persistent = ft.LaunchOptions(fused_persistent=True)
+    assert persistent.key != ft.DEFAULT_OPTIONS.key and not ft.DEFAULT_OPTIONS.fused_persistent
+    for x in (x64, x128):
+        for causal in (True, False):
+            shipped = gb.SHIPPED_FUSED[(x.shape[-1], causal)]
+            assert pick(persistent, x=x, causal=causal) == shipped._replace(order="ws-p")
+    assert pick(ft.LaunchOptions(fused_persistent=True, gluon_fused=False)) is None
 
 
 def test_the_backward_goes_fused_from_fused_min_seq_queries_and_keys_on(monkeypatch):
