@@ -1207,6 +1207,33 @@ def test_gpu_shipped_fused_backward_gives_the_split_backwards_gradients_and_plan
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "causal"), [
+    ((1, 3, 1024, 64), True), ((2, 2, 1024, 128), False), ((2, 4, 2048, 128), True),
+    ((1, 2, 1000, 128), True)])  # ragged tiles: the one-tile kernel runs
+def test_gpu_fused_persistent_option_gives_the_shipped_backwards_dk_dv_bit_for_bit_and_plans(shape, causal):
+    # LaunchOptions(fused_persistent=True): the fused kernel in its order ws-p through flash_triton's backward,
+    # on the first call and the plan's replay: dK and dV bit for bit the shipped (ws) backward's, dQ within
+    # rounding, every row; the plan launches the prep, the persistent kernel and (spread columns) the cast
+    import kernels.flash_gluon_bwd as gb
+    import kernels.flash_triton as ft
+
+    q, k, v, do = _sm90_inputs(shape, seed=16)
+    o, lse = flash_attention_forward(q, k, v, causal)
+    shipped = ft.LaunchOptions(fused_min_seq=0)
+    want = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=shipped)
+    on = ft.LaunchOptions(fused_min_seq=0, fused_persistent=True)
+    ft.clear_launch_plans()
+    for _ in range(2):
+        got = ft.flash_attention_backward(q, k, v, o, lse, do, causal, options=on)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        assert torch.isfinite(got[0]).all()
+        assert (got[0].float() - want[0].float()).abs().amax(dim=-1).max().item() < 1e-2
+    plan = ft._PLANS[next(key for key in ft._PLANS if key[0] == "bwd" and key[3] == on.key)]
+    spread = gb.spreads_columns(shape[-1], gb.FUSED_CONFIG_WS, gb.shipped_dq_mode(shape[-1]))
+    assert len(plan.kernels) == 2 + spread and all(isinstance(kernel, ft._KernelPlan) for kernel in plan.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "causal"), [
     ((2, 8, 512, 64), True), ((2, 4, 512, 128), True),  # d=128: the Gluon dK/dV kernel
     ((1, 2, 4096, 128), True),  # the persistent forward (its tile schedule) and the fused backward, as shipped
     ((1, 2, 4096, 128), False), ((1, 2, 4096, 64), False)])  # the persistent forward, as shipped
