@@ -48,8 +48,8 @@ orders (RS_ORDERS) hold the score matmuls' resident operands in registers
 (_fused_ws_persistent_kernel, two consumers, dQ by the copy engine): one program an SM takes key tile after
 key tile from a schedule (flash_gluon.tile_schedule of key_tile_costs), the Q/dO ring and the dS^T parities
 running on from tile to tile, so the next key tile's first loads and its K and V go under the last tile's
-steps and its dK and dV stores. It compiles (flash_sass) to the one-tile kernel's steps; it has not run
-on a GPU yet, so it is not shipped (docs/results/h200/flash_tuning.md, step 60).
+steps and its dK and dV stores. Its dK and dV are the one-tile kernel's bit for bit, but on an H100 it ran
+no faster (docs/results/h100/persistent/README.md), so it is not shipped (LaunchOptions.fused_persistent).
 
 Same contract as the Triton dK/dV kernel: (Z, H, n, d) views with their own strides (unit stride
 along d, 16-byte aligned rows), causal aligned top-left, L the forward's natural-log logsumexp and
