@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The flash kernels' GPU checks and A/Bs still owed (docs/results/h200/flash_tuning.md, "what next"), in one
-# command for a short GPU lease, each section cut off so the whole run ends within SECONDS.
+# The flash kernels' GPU tests, the persistent kernels' A/Bs against one program a tile, and the grid against
+# cuDNN (docs/results/h100/persistent/README.md), in one command for a short GPU lease, each section cut off so
+# the whole run ends within SECONDS.
 # Usage: scripts/flash_gpu_checks.sh OUT_DIR SECONDS [SECTION...]   (no section: all of them, in this order)
 # Sections:
 #   tests     every kernel GPU test (pytest -m gpu tests/kernels/, 8 workers)
