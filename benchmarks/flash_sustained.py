@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.flash_ab import write_report
+from benchmarks.flash_ab import require_gpu, write_report
 
 DEFAULT_SPEC = Path(__file__).parent / "specs" / "attention_vs_sdpa_turns.yaml"
 IMPLS = ("flash_triton", "sdpa_flash", "sdpa_cudnn")
@@ -217,12 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
 
-    import torch
-
+    require_gpu(ap)
     from worker.harness import fingerprint
 
-    if not torch.cuda.is_available():
-        ap.error("this benchmark times CUDA kernels under do_bench; no GPU is visible")
     report = {"kind": "flash_sustained", **fingerprint(args.commit), "spec": str(args.spec), "rounds": args.rounds,
               "rep_ms": args.rep_ms, "warmup_ms": args.warmup_ms, "shapes": []}
     for shape in shapes:

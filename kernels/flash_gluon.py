@@ -635,8 +635,8 @@ def _fwd_ws_kernel(Q, K, V, O, L,
 @gluon.jit
 def _schedule_tile(tile, G, T, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """(z*h pair, first query row, key tiles) of the tile-th program of the grid (G, T, ZH / G) in launch
-    order (x fastest), as _program_tile reads its program ids; what the producer and each consumer work out
-    alike for every tile they take."""
+    order (x fastest), as _program_tile reads its program ids (launch_order_costs on the host); what the
+    producer and each consumer work out alike for every tile they take."""
     pid_m = (tile // G) % T
     if IS_CAUSAL:
         pid_m = T - 1 - pid_m
@@ -948,9 +948,16 @@ def tile_costs(n_zh: int, n_q: int, n_k: int, block_m: int, block_n: int, group:
     (_schedule_tile: groups of `group` (z, h) pairs, each group's tiles row by row, heaviest causal row first)."""
     rows = triton.cdiv(n_q, block_m)
     if not is_causal:
-        return [triton.cdiv(n_k, block_n)] * (n_zh * rows)
+        return launch_order_costs([triton.cdiv(n_k, block_n)] * rows, group, n_zh)
     per_row = [triton.cdiv(min((rows - 1 - r) * block_m + block_m, n_k), block_n) for r in range(rows)]
-    return [n for n in per_row for _ in range(group)] * (n_zh // group)
+    return launch_order_costs(per_row, group, n_zh)
+
+
+def launch_order_costs(per_index: list[int], group: int, n_zh: int) -> list[int]:
+    """The costs of a grid (group, len(per_index), n_zh / group)'s programs in launch order (x fastest, as
+    _schedule_tile and the backward's _key_tile number them), from each index along axis 1's cost, the same
+    for every (z, h) pair."""
+    return [c for c in per_index for _ in range(group)] * (n_zh // group)
 
 
 def tile_schedule(costs: list[int], programs: int) -> list[int]:

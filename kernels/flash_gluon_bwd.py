@@ -600,20 +600,6 @@ def _dkdv_ws_loader(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_
 
 
 @gluon.jit
-def _dkdv_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
-                      stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
-                      ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr,
-                      DQ_MODE: gl.constexpr, shift, ROTATE: gl.constexpr):
-    """Consumer warpgroup WHICH of a program that takes one key tile (_dkdv_ws_tile: K and V from kv_bar's
-    first phase, the ring's first n_iter steps)."""
-    _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base, stride_dkn,
-                  stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale, ds_smem, dq_stage,
-                  dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM, BLOCK_M, STAGES, WHICH, DQ_MODE, shift,
-                  ROTATE)
-
-
-@gluon.jit
 def _dkdv_ws_tile(k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                   stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale, qk_scale,
                   ds_smem, dq_stage, dq_base, dq_rows, ds_full, ds_free, IS_CAUSAL: gl.constexpr,
@@ -795,7 +781,7 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
     # (the argument tuples are written out in the call: a tuple kept in a variable loses its constexprs)
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+            (_dkdv_ws_tile, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
                                  BLOCK_M, STAGES, 0, DQ_MODE, shift, ROTATE_Q)),
@@ -804,11 +790,11 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
             [1], [24])
     elif CONSUMERS == 2:
         gl.warp_specialize([
-            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+            (_dkdv_ws_tile, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
                                  BLOCK_M, STAGES, 0, DQ_MODE, shift, ROTATE_Q)),
-            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+            (_dkdv_ws_tile, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
                                  BLOCK_M, STAGES, 1, DQ_MODE, shift, ROTATE_Q)),
@@ -817,15 +803,15 @@ def _fused_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
             [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+            (_dkdv_ws_tile, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
                                  BLOCK_M, STAGES, 0, DQ_MODE, shift, ROTATE_Q)),
-            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+            (_dkdv_ws_tile, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
                                  BLOCK_M, STAGES, 1, DQ_MODE, shift, ROTATE_Q)),
-            (_dkdv_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
+            (_dkdv_ws_tile, (k_smem, v_smem, q_smem, do_smem, kv_bar, ready_bars, empty_bars, dk_base, dv_base,
                                  stride_dkn, stride_dvn, l_base, delta_base, start_n, lo, n_q, n_k, n_iter, sm_scale,
                                  qk_scale, ds_smem, dq_stage, dq_target, dq_rows, ds_full, ds_free, IS_CAUSAL, HEAD_DIM,
                                  BLOCK_M, STAGES, 2, DQ_MODE, shift, ROTATE_Q)),
@@ -1422,7 +1408,7 @@ def key_tile_costs(n_zh: int, n_q: int, n_k: int, block_m: int, block_n: int, gr
     what flash_gluon.tile_schedule hands the persistent kernel's programs."""
     tiles = triton.cdiv(n_k, block_n)
     per_tile = [triton.cdiv(max(n_q - (n * block_n if is_causal else 0), 0), block_m) for n in range(tiles)]
-    return [c for c in per_tile for _ in range(group)] * (n_zh // group)
+    return flash_gluon.launch_order_costs(per_tile, group, n_zh)
 
 
 def dkdv(q, k, v, do, lse, delta, is_causal: bool = False, cfg: Config = DKDV_CONFIG, head_group: int | None = None,
