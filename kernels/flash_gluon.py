@@ -181,10 +181,11 @@ def _their_turn(turn_bars, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _first_tile(q_tile, k_tile, first_row, n_k, hi_unmasked, qk_scale, turn_bars, IS_CAUSAL: gl.constexpr,
                 ROWS: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, WHICH: gl.constexpr,
-                PINGPONG: gl.constexpr):
+                PINGPONG: gl.constexpr, rnd=0):
     """Key tile 0 of the overlapped loop: its scores, waited for at once, and the softmax state
-    (P, m, l). Causal rows all see key 0, so every row's m is finite from here on."""
-    _my_turn(turn_bars, 0, WHICH, PINGPONG)
+    (P, m, l). Causal rows all see key 0, so every row's m is finite from here on. rnd: the ping-pong
+    round of this matmul (_my_turn)."""
+    _my_turn(turn_bars, rnd, WHICH, PINGPONG)
     s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                       use_acc=False)
     _their_turn(turn_bars, WHICH, PINGPONG)
@@ -460,12 +461,13 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     """Consumer warpgroup WHICH of a program that takes one query tile (_ws_tile: its first Q, its first
     n_iter ring slots)."""
     _ws_tile(q_smem, k_smem, v_smem, q_bar, 0, None, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m,
-             n_q, n_k, n_iter, 0, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, SPLIT_KV, WHICH)
+             n_q, n_k, n_iter, 0, 0, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, SPLIT_KV,
+             WHICH)
 
 
 @gluon.jit
 def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_bars, turn_bars, O, stride_om, L,
-             start_m, n_q, n_k, n_iter, base, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+             start_m, n_q, n_k, n_iter, base, rnd0, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
              SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH on one query tile: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through the key
@@ -473,9 +475,10 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
     bases). The tile's Q is q_bar's phase q_phase, and its key tiles the ring's tiles base, base + 1, ... (slot
     (base + t) % STAGES); q_free (the persistent kernel's; None otherwise) is arrived at once its Q is read
     for the last time. PINGPONG: the two consumers take turns to issue their matmuls (_my_turn), so one's
-    softmax runs under the other's. SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s
-    slot is released as soon as S(t) is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot,
-    released after the P V."""
+    softmax runs under the other's; their rounds are rnd0 + t for key tile t, and rnd0 + n_iter for the last
+    P V (a persistent program counts them on from tile to tile). SPLIT_KV: K and V tiles have barriers of
+    their own (_kv_bar), and K(t)'s slot is released as soon as S(t) is done, V(t-1)'s once P(t-1) V(t-1)
+    is; otherwise one barrier a slot, released after the P V."""
     rows: gl.constexpr = q_smem.type.shape[1]
     # three consumers have 160 registers each (WS_CONSUMER_REGS): P is carried to the next step's P V in
     # 16 bits (64 x 128 scores: 32 registers a thread, not 64), beside S (64) and O (32 at d=64)
@@ -500,7 +503,7 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
         q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
         mbarrier.wait(ready_bars.index(base % STAGES), (base // STAGES) & 1)  # (K's barrier either way)
         p, m_i, l_i = _first_tile(q_mine, k_smem.index(base % STAGES), first_row, n_k, hi_unmasked, qk_scale, turn_bars,
-                                  IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG)
+                                  IS_CAUSAL, rows, BLOCK_N, s_layout, WHICH, PINGPONG, rnd0)
         if NARROW_P:
             p = p.to(q_smem.dtype)
         if SPLIT_KV:
@@ -513,7 +516,7 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
             if SPLIT_KV:
                 mbarrier.wait(_kv_bar(ready_bars, prev, True, STAGES, True), ((r - 1) // STAGES) & 1)
             p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(r % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
-                                                t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, t,
+                                                t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, rnd0 + t,
                                                 IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
                                                 empty_bars.index(r % STAGES), SPLIT_KV)
             if NARROW_P:
@@ -525,7 +528,7 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
         last = (base + n_mine - 1) % STAGES
         if SPLIT_KV:
             mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((base + n_mine - 1) // STAGES) & 1)
-        _my_turn(turn_bars, n_mine, WHICH, PINGPONG)
+        _my_turn(turn_bars, rnd0 + n_mine, WHICH, PINGPONG)
         acc = _pv(p, v_smem.index(last), acc, o_layout)
         _their_turn(turn_bars, WHICH, PINGPONG)
         mbarrier.arrive(_kv_bar(empty_bars, last, True, STAGES, SPLIT_KV), count=1)
@@ -687,12 +690,13 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
 
 
 @gluon.jit
-def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz, stride_oh,
-                            stride_om, L, H, n_q, n_k, SCHEDULE, G, qk_scale, IS_CAUSAL: gl.constexpr,
+def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O, stride_oz,
+                            stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, G, qk_scale, IS_CAUSAL: gl.constexpr,
                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                            Q_REGS: gl.constexpr, WHICH: gl.constexpr):
+                            PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH of the persistent kernel: _ws_tile on each of the program's query tiles, in
-    the order the producer loads them."""
+    the order the producer loads them. With PINGPONG a tile takes n_iter + 1 rounds of turns (_ws_tile), so
+    the j-th tile's first round is base + j."""
     rows: gl.constexpr = q_smem.type.shape[1]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0] * rows
     T = gl.cdiv(n_q, BLOCK_M)
@@ -703,9 +707,9 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, e
         pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
         o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
-        _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, None, o_base, stride_om,
-                 L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, qk_scale, IS_CAUSAL, HEAD_DIM,
-                 BLOCK_N, STAGES, False, Q_REGS, False, WHICH)
+        _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                 L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, base + j, qk_scale, IS_CAUSAL,
+                 HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, False, WHICH)
         base += n_iter
         j += 1
 
@@ -719,7 +723,7 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
                            H, n_q, n_k, qk_scale, n_zh, group, SCHEDULE,
                            IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                           Q_REGS: gl.constexpr):
+                           PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
     # _fwd_ws_kernel's arguments, then the (z, h) pairs, the grid order's group and the int32 tile schedule
     # (tile_schedule: where each program's tiles start in it, then the tiles); a grid of at most one program an
     # SM. Q, K and V rows are read as one (n_zh * n, HEAD_DIM) matrix each (persistent_error: their (z, h) pairs
@@ -740,31 +744,37 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_free, count=CONSUMERS)
+    if PINGPONG:
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(turn_bars.index(0), count=1)
+        mbarrier.init(turn_bars.index(1), count=1)
+    else:  # ready_bars stands in for the turn barriers, which PINGPONG=False never touches
+        turn_bars = ready_bars
     for i in gl.static_range(STAGES):
         mbarrier.init(ready_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
-                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 0)),
-            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
-                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 1)),
-            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
-                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 2)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
+                                       stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 0)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
+                                       stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 1)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
+                                       stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 2)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
                                      empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
-                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 0)),
-            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz,
-                                       stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale, IS_CAUSAL,
-                                       HEAD_DIM, BLOCK_N, STAGES, Q_REGS, 1)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
+                                       stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 0)),
+            (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
+                                       stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 1)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
                                      empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
@@ -836,8 +846,9 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     in turn, "ws" the warp-specialised kernel (a producer warp and block_m / WG_ROWS consumer
     warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls. Each with the
     "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand); "ws-kv" and
-    "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv); "ws-p" is "ws" persistent
-    (_fwd_persistent_kernel), which launch runs where persistent_error allows and otherwise runs "ws"."""
+    "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv); "ws-p" and "pingpong-p"
+    are "ws" and "pingpong" persistent (_fwd_persistent_kernel), which launch runs where persistent_error allows
+    and otherwise runs the mode without "-p"."""
     _check_mode(mode)
     persistent = mode.endswith(GLUON_PERSISTENT_SUFFIX)
     mode = mode.removesuffix(GLUON_PERSISTENT_SUFFIX)
@@ -858,7 +869,7 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
         consumers = block_m // WG_ROWS
         return (_fwd_persistent_kernel,
                 dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS[consumers],
-                     Q_REGS=q_regs),
+                     PINGPONG=mode == "pingpong", Q_REGS=q_regs),
                 {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     if warp_specialized:
         consumers = block_m // WG_ROWS
@@ -1015,13 +1026,15 @@ def sm_count(device: int) -> int:
 
 def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
     """Launch the forward on (q4, k4, v4, o4, lse) ((Z, H, n, d) views and the fp32 (Z, H, n_q) L) at `cfg`,
-    in grid order `group` (flash_triton._head_group); "ws-p" where persistent_error allows, "ws" otherwise.
+    in grid order `group` (flash_triton._head_group); a persistent mode ("-p") where persistent_error allows, the
+    mode without "-p" otherwise.
     Returns (jit function, compiled kernel, runtime args, constexprs, grid): what flash_triton's launch plans
     are made from."""
     q4, k4, v4, o4, _ = tensors
     kernel, config, options = launch_spec(q4.shape[-1], *cfg)
     if kernel is _fwd_persistent_kernel and persistent_error(q4, k4, v4, cfg.block_n) is not None:
-        kernel, config, options = launch_spec(q4.shape[-1], *cfg._replace(mode="ws"))
+        kernel, config, options = launch_spec(q4.shape[-1],
+                                              *cfg._replace(mode=cfg.mode.removesuffix(GLUON_PERSISTENT_SUFFIX)))
     Z, H, n_q, d = q4.shape
     args = (*tensors, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3], H, n_q, k4.shape[-2],
             qk_scale(d))

@@ -20,17 +20,17 @@ GLUON_RS_SUFFIX = "-rs"
 # pipelines), so a K slot refills once its scores are done; "-rs" may follow it ("ws-kv-rs")
 GLUON_KV_SUFFIX = "-kv"
 # the warp-specialised forward's suffix for "persistent: one program an SM taking query tile after query
-# tile" ("ws-p"; kernels.flash_gluon._fwd_persistent_kernel)
+# tile" ("ws-p", "pingpong-p"; kernels.flash_gluon._fwd_persistent_kernel)
 GLUON_PERSISTENT_SUFFIX = "-p"
 # the Gluon forward's modes (kernels.flash_gluon), the default first, then those with Q in registers,
-# then the warp-specialised ones with K/V barriers of their own, then the persistent one.
+# then the warp-specialised ones with K/V barriers of their own, then the persistent ones.
 # "plain-rs" is left out: compiled (Triton 3.6 and 3.7.1, sm_90), its P V matmul at d=64 took P in the
 # registers that still held Q for the next tile's scores, and the outputs were wrong
 # (docs/results/h100/forward_rs/README.md)
 GLUON_MODES = ("overlap", "plain", "ws", "pingpong",
                *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")),
                *(m + GLUON_KV_SUFFIX + s for m in ("ws", "pingpong") for s in ("", GLUON_RS_SUFFIX)),
-               "ws" + GLUON_PERSISTENT_SUFFIX)
+               *(m + GLUON_PERSISTENT_SUFFIX for m in ("ws", "pingpong")))
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 

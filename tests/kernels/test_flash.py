@@ -937,17 +937,20 @@ def test_gpu_gluon_forward_with_three_consumers_gives_the_triton_forwards_output
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("cfg", "shape"), [
-    ((128, 128, 3, 4), (4, 16, 1024, 128)),  # 512 query tiles: about four a program
-    ((128, 128, 3, 4), (1, 2, 256, 128)),    # 4 tiles: most SMs get none
-    ((128, 128, 3, 4), (8, 1, 640, 128)),    # one head a batch row
-    ((192, 128, 4, 4), (3, 5, 1024, 64)),    # 1024 = 5 x 192 + 64: a last Q tile running into the next head's rows
-    ((192, 128, 4, 4), (2, 4, 4096, 64)),
+@pytest.mark.parametrize(("cfg", "shape", "mode"), [
+    ((128, 128, 3, 4), (4, 16, 1024, 128), "ws-p"),  # 512 query tiles: about four a program
+    ((128, 128, 3, 4), (1, 2, 256, 128), "ws-p"),    # 4 tiles: most SMs get none
+    ((128, 128, 3, 4), (8, 1, 640, 128), "ws-p"),    # one head a batch row
+    ((192, 128, 4, 4), (3, 5, 1024, 64), "ws-p"),    # 1024 = 5 x 192 + 64: a last Q tile into the next head's rows
+    ((192, 128, 4, 4), (2, 4, 4096, 64), "ws-p"),
+    ((128, 128, 3, 4), (4, 16, 1024, 128), "pingpong-p"),  # the turns' rounds counted on from tile to tile
+    ((128, 128, 3, 4), (3, 5, 640, 128), "pingpong-p"),
 ])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_persistent_forward_gives_the_one_tile_a_program_kernels_output_bit_for_bit(cfg, shape, causal):
+def test_gpu_persistent_forward_gives_the_one_tile_a_program_kernels_output_bit_for_bit(cfg, shape, mode, causal):
     # "ws-p" runs _ws_tile on each query tile as "ws" does, with the ring and Q's barrier running on from
-    # tile to tile: the same products in the same order, so O and L are bit for bit "ws"'s
+    # tile to tile: the same products in the same order, so O and L are bit for bit "ws"'s; "pingpong-p" only
+    # orders the two consumers' matmuls, so its O and L are "ws"'s too
     import kernels.flash_gluon as fg
     import kernels.flash_triton as ft
 
@@ -956,7 +959,7 @@ def test_gpu_persistent_forward_gives_the_one_tile_a_program_kernels_output_bit_
     assert fg.persistent_error(*views, cfg[1]) is None  # (so the persistent kernel is what runs)
     o4, lse = torch.empty_like(views[0]), torch.empty(views[0].shape[:-1], dtype=torch.float32, device="cuda")
     group = ft._head_group(causal, shape[0] * shape[1], None)
-    kernel, *_, grid = fg.launch((*views, o4, lse), causal, fg.Config(*cfg, "ws-p"), group)
+    kernel, *_, grid = fg.launch((*views, o4, lse), causal, fg.Config(*cfg, mode), group)
     assert kernel is fg._fwd_persistent_kernel and grid[0] <= torch.cuda.get_device_properties(0).multi_processor_count
     want_o, want_l = fg.flash_attention_forward(q, k, v, causal, *cfg, mode="ws")
     assert torch.isfinite(want_o).all()

@@ -105,17 +105,22 @@ def test_the_kv_modes_are_the_warp_specialised_kernel_with_split_kv_set_and_only
             flash_gluon.launch_spec(128, 64, 64, 3, 4, other)
 
 
-def test_the_persistent_mode_is_its_own_kernel_with_the_warp_specialised_ones_tiles():
+def test_the_persistent_modes_are_their_own_kernel_with_the_warp_specialised_ones_tiles():
     kernel, config, options = flash_gluon.launch_spec(128, 128, 128, 3, 4, "ws-p")
     ws_kernel, ws_config, ws_options = flash_gluon.launch_spec(128, 128, 128, 3, 4, "ws")
     assert kernel is flash_gluon._fwd_persistent_kernel and ws_kernel is flash_gluon._fwd_ws_kernel
     assert options == ws_options  # the same warps and registers a block
-    assert ws_config.pop("PINGPONG") is False and ws_config.pop("SPLIT_KV") is False
-    assert config == ws_config
+    assert ws_config.pop("SPLIT_KV") is False
+    assert config == ws_config and config["PINGPONG"] is False
     assert flash_gluon.launch_spec(64, 192, 128, 4, 4, "ws-p")[1]["CONSUMERS"] == 3
     with pytest.raises(ValueError, match="two or three consumer warpgroups"):  # one program of 64 rows
         flash_gluon.launch_spec(128, 64, 128, 3, 4, "ws-p")
-    for other in ("pingpong-p", "ws-kv-p", "ws-rs-p", "overlap-p"):
+    # "pingpong-p": the same kernel, its two consumers taking turns to issue their matmuls
+    pp_kernel, pp_config, pp_options = flash_gluon.launch_spec(128, 128, 128, 3, 4, "pingpong-p")
+    assert pp_kernel is kernel and pp_options == options and pp_config == {**config, "PINGPONG": True}
+    with pytest.raises(ValueError, match="pingpong takes two consumer warpgroups"):
+        flash_gluon.launch_spec(64, 192, 128, 4, 4, "pingpong-p")
+    for other in ("ws-kv-p", "ws-rs-p", "overlap-p", "pingpong-kv-p"):
         with pytest.raises(ValueError, match=f"mode '{other}'"):
             flash_gluon.launch_spec(128, 128, 128, 3, 4, other)
 
