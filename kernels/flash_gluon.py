@@ -200,11 +200,12 @@ def _first_tile(q_tile, k_tile, first_row, n_k, hi_unmasked, qk_scale, turn_bars
 def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
                      turn_bars, rnd, IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
                      s_layout: gl.constexpr, o_layout: gl.constexpr, WHICH: gl.constexpr, PINGPONG: gl.constexpr,
-                     k_free=None, RELEASE_K: gl.constexpr = False):
+                     k_free=None, RELEASE_K: gl.constexpr = False, q_free=None, last=False):
     """Key tile t of the overlapped loop (k_tile = K(t), v_prev = V(t-1), p = P(t-1)): issue S(t) and
     P(t-1) V(t-1), wait for S(t) alone, run its softmax while the P V finishes, then wait for the P V
     and rescale. RELEASE_K: arrive at k_free as soon as S(t) is done, so K(t)'s slot refills while the
-    softmax runs. Returns (P(t), O, m, l)."""
+    softmax runs; q_free (a persistent kernel's), if `last`, the same way, once the tile's last S is done,
+    so the next tile's Q comes in under this softmax. Returns (P(t), O, m, l)."""
     p_op = gl.convert_layout(p.to(q_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     _my_turn(turn_bars, rnd, WHICH, PINGPONG)
     s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
@@ -214,6 +215,8 @@ def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_ro
     s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
     if RELEASE_K:
         mbarrier.arrive(k_free, count=1)
+    if q_free is not None:
+        mbarrier.arrive(q_free, count=1, pred=last)
     p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
                                          IS_CAUSAL, ROWS, BLOCK_N, s_layout)
     acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
@@ -508,6 +511,8 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
             p = p.to(q_smem.dtype)
         if SPLIT_KV:
             mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
+        if q_free is not None:  # a one-tile loop's only S has read Q: the next tile's may come in
+            mbarrier.arrive(q_free, count=1, pred=n_mine == 1)
         acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
         for t in range(1, n_mine):
             r = base + t  # the ring's count of this tile
@@ -518,13 +523,11 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
             p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(r % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
                                                 t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, rnd0 + t,
                                                 IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
-                                                empty_bars.index(r % STAGES), SPLIT_KV)
+                                                empty_bars.index(r % STAGES), SPLIT_KV, q_free, t == n_mine - 1)
             if NARROW_P:
                 p = p.to(q_smem.dtype)
             # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
             mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
-        if q_free is not None:  # every score matmul has read Q: the next tile's may come in
-            mbarrier.arrive(q_free, count=1)
         last = (base + n_mine - 1) % STAGES
         if SPLIT_KV:
             mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((base + n_mine - 1) // STAGES) & 1)
