@@ -808,9 +808,12 @@ def _ws_tiles_chained(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_b
                 p = p1.to(p.dtype)
                 mbarrier.arrive(empty_bars.index(prev), count=1)
             last = (base + n_mine - 1) % STAGES
-            _release_unread(ready_bars, empty_bars, base + n_mine, base + n_iter, STAGES)
+            skipped = base + n_mine  # the ring's tiles [skipped, base + n_iter) lie past this consumer's rows
             base += n_iter
-            # the next tile, if this consumer has rows in it: its Q, its first K, its first S beside this last P V
+            # the next tile, if this consumer has rows in it: its Q, its first K, its first S beside this last P V.
+            # Its K comes once every consumer has released the ring's tile base - STAGES; this one still holds
+            # tile skipped - 1 (`last`), so it chains only where that lies after it: base - skipped < STAGES - 1
+            # (the shipped configs skip at most one tile; otherwise the stores come first, as in _ws_tile)
             n_next = 0
             next_row = 0
             next_unmasked = 0
@@ -821,7 +824,8 @@ def _ws_tiles_chained(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_b
             o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
             l_base = L + pid_zh.to(gl.int64) * n_q
             p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            if n_next > 0:
+            if n_next > 0 and base - skipped < STAGES - 1:
+                _release_unread(ready_bars, empty_bars, skipped, base, STAGES)
                 mbarrier.wait(q_bar, (j + 1) & 1)
                 mbarrier.wait(ready_bars.index(base % STAGES), (base // STAGES) & 1)
                 o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -840,6 +844,7 @@ def _ws_tiles_chained(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_b
                 acc = warpgroup_mma(p_op, v_smem.index(last), acc)
                 mbarrier.arrive(empty_bars.index(last), count=1)
                 _store_rows(acc, m_i, l_i, o_base, stride_om, l_base, first_row, n_q, dtype, s_layout, o_layout)
+                _release_unread(ready_bars, empty_bars, skipped, base, STAGES)
         else:
             _release_unread(ready_bars, empty_bars, base, base + n_iter, STAGES)
             base += n_iter
