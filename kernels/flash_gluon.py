@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.names import GLUON_KV_SUFFIX, GLUON_MODES, GLUON_PERSISTENT_SUFFIX, GLUON_RS_SUFFIX
+from kernels.names import GLUON_CHAINED_SUFFIX, GLUON_KV_SUFFIX, GLUON_MODES, GLUON_PERSISTENT_SUFFIX, GLUON_RS_SUFFIX
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -518,8 +518,6 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
             p = p.to(q_smem.dtype)
         if SPLIT_KV:
             mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
-        if q_free is not None:  # a one-tile loop's only S has read Q: the next tile's may come in
-            mbarrier.arrive(q_free, count=1, pred=n_mine == 1)
         acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
         for t in range(1, n_mine):
             r = base + t  # the ring's count of this tile
@@ -530,11 +528,13 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
             p, acc, m_i, l_i = _overlapped_step(q_mine, k_smem.index(r % STAGES), v_smem.index(prev), p, acc, m_i, l_i,
                                                 t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale, turn_bars, rnd0 + t,
                                                 IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH, PINGPONG,
-                                                empty_bars.index(r % STAGES), SPLIT_KV, q_free, t == n_mine - 1)
+                                                empty_bars.index(r % STAGES), SPLIT_KV)
             if NARROW_P:
                 p = p.to(q_smem.dtype)
             # this warpgroup is done with tile t-1's V (and its K, where one barrier serves both)
             mbarrier.arrive(_kv_bar(empty_bars, prev, True, STAGES, SPLIT_KV), count=1)
+        if q_free is not None:  # every score matmul has read Q: the next tile's may come in
+            mbarrier.arrive(q_free, count=1)
         last = (base + n_mine - 1) % STAGES
         if SPLIT_KV:
             mbarrier.wait(_kv_bar(ready_bars, last, True, STAGES, True), ((base + n_mine - 1) // STAGES) & 1)
@@ -713,15 +713,15 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
 def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O, stride_oz,
                             stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, G, qk_scale, IS_CAUSAL: gl.constexpr,
                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                            PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, WHICH: gl.constexpr):
+                            PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, CHAIN: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH of the persistent kernel, on each of the program's query tiles in the order the
-    producer loads them. With PINGPONG, _ws_tile a tile: a tile takes n_iter + 1 rounds of turns, so the j-th
-    tile's first round is base + j. Otherwise _ws_tiles_chained."""
+    producer loads them: _ws_tile a tile (with PINGPONG a tile takes n_iter + 1 rounds of turns, so the j-th
+    tile's first round is base + j), or with CHAIN _ws_tiles_chained."""
     rows: gl.constexpr = q_smem.type.shape[1]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0] * rows
     T = gl.cdiv(n_q, BLOCK_M)
     tiles, first, end = _scheduled_tiles(SCHEDULE)
-    if PINGPONG:
+    if not CHAIN:
         base = 0
         j = 0
         for i in range(first, end):
@@ -859,7 +859,7 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
                            H, n_q, n_k, qk_scale, n_zh, group, SCHEDULE,
                            IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                           PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
+                           PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, CHAIN: gl.constexpr):
     # _fwd_ws_kernel's arguments, then the (z, h) pairs, the grid order's group and the int32 tile schedule
     # (tile_schedule: where each program's tiles start in it, then the tiles); a grid of at most one program an
     # SM. Q, K and V rows are read as one (n_zh * n, HEAD_DIM) matrix each (persistent_error: their (z, h) pairs
@@ -893,13 +893,13 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
         gl.warp_specialize([
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 0)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 0)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 1)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 1)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 2)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 2)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
                                      empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -907,10 +907,10 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
         gl.warp_specialize([
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 0)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 0)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 1)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 1)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
                                      empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
@@ -974,6 +974,11 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode {mode!r}: one of {', '.join(GLUON_MODES)}")
 
 
+def one_tile_mode(mode: str) -> str:
+    """A persistent mode's one-tile-a-program form ("ws-p", "ws-pc" -> "ws"); any other mode itself."""
+    return mode.removesuffix(GLUON_CHAINED_SUFFIX).removesuffix(GLUON_PERSISTENT_SUFFIX)
+
+
 def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, mode: str):
     """(kernel, its config's constexprs, launch options) for a config and mode (GLUON_MODES), or
     ValueError naming what is wrong with them. The launcher and benchmarks/flash_sass.py both use it.
@@ -983,11 +988,13 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls. Each with the
     "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand); "ws-kv" and
     "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv); "ws-p" and "pingpong-p"
-    are "ws" and "pingpong" persistent (_fwd_persistent_kernel), which launch runs where persistent_error allows
-    and otherwise runs the mode without "-p"."""
+    are "ws" and "pingpong" persistent (_fwd_persistent_kernel), "ws-pc" that with each consumer's tiles chained
+    (_ws_tiles_chained); launch runs them where persistent_error allows and otherwise the mode's one-tile kernel
+    (one_tile_mode)."""
     _check_mode(mode)
-    persistent = mode.endswith(GLUON_PERSISTENT_SUFFIX)
-    mode = mode.removesuffix(GLUON_PERSISTENT_SUFFIX)
+    chain = mode.endswith(GLUON_CHAINED_SUFFIX)
+    persistent = chain or mode.endswith(GLUON_PERSISTENT_SUFFIX)
+    mode = one_tile_mode(mode)
     q_regs = mode.endswith(GLUON_RS_SUFFIX)
     mode = mode.removesuffix(GLUON_RS_SUFFIX)
     split_kv = mode.endswith(GLUON_KV_SUFFIX)
@@ -1005,7 +1012,7 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
         consumers = block_m // WG_ROWS
         return (_fwd_persistent_kernel,
                 dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS[consumers],
-                     PINGPONG=mode == "pingpong", Q_REGS=q_regs),
+                     PINGPONG=mode == "pingpong", Q_REGS=q_regs, CHAIN=chain),
                 {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     if warp_specialized:
         consumers = block_m // WG_ROWS
@@ -1162,15 +1169,14 @@ def sm_count(device: int) -> int:
 
 def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
     """Launch the forward on (q4, k4, v4, o4, lse) ((Z, H, n, d) views and the fp32 (Z, H, n_q) L) at `cfg`,
-    in grid order `group` (flash_triton._head_group); a persistent mode ("-p") where persistent_error allows, the
-    mode without "-p" otherwise.
+    in grid order `group` (flash_triton._head_group); a persistent mode ("-p", "-pc") where persistent_error allows,
+    its one-tile mode otherwise.
     Returns (jit function, compiled kernel, runtime args, constexprs, grid): what flash_triton's launch plans
     are made from."""
     q4, k4, v4, o4, _ = tensors
     kernel, config, options = launch_spec(q4.shape[-1], *cfg)
     if kernel is _fwd_persistent_kernel and persistent_error(q4, k4, v4, cfg.block_n) is not None:
-        kernel, config, options = launch_spec(q4.shape[-1],
-                                              *cfg._replace(mode=cfg.mode.removesuffix(GLUON_PERSISTENT_SUFFIX)))
+        kernel, config, options = launch_spec(q4.shape[-1], *cfg._replace(mode=one_tile_mode(cfg.mode)))
     Z, H, n_q, d = q4.shape
     args = (*tensors, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3], H, n_q, k4.shape[-2],
             qk_scale(d))
