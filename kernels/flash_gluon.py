@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from kernels import flash_triton as ft
-from kernels.names import GLUON_CHAINED_SUFFIX, GLUON_KV_SUFFIX, GLUON_MODES, GLUON_PERSISTENT_SUFFIX, GLUON_RS_SUFFIX
+from kernels.names import GLUON_KV_SUFFIX, GLUON_MODES, GLUON_PERSISTENT_SUFFIX, GLUON_RS_SUFFIX
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -189,13 +189,6 @@ def _first_tile(q_tile, k_tile, first_row, n_k, hi_unmasked, qk_scale, turn_bars
     s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                       use_acc=False)
     _their_turn(turn_bars, WHICH, PINGPONG)
-    return _first_softmax(s, first_row, n_k, hi_unmasked, qk_scale, IS_CAUSAL, ROWS, BLOCK_N, s_layout)
-
-
-@gluon.jit
-def _first_softmax(s, first_row, n_k, hi_unmasked, qk_scale, IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr,
-                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """The softmax state (P, m, l) from key tile 0's raw scores s."""
     if hi_unmasked <= 0:
         s = _mask_scores(s, first_row, 0, n_k, IS_CAUSAL, ROWS, BLOCK_N, s_layout)
     m_i = gl.max(s, axis=1) * qk_scale
@@ -207,12 +200,11 @@ def _first_softmax(s, first_row, n_k, hi_unmasked, qk_scale, IS_CAUSAL: gl.const
 def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
                      turn_bars, rnd, IS_CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
                      s_layout: gl.constexpr, o_layout: gl.constexpr, WHICH: gl.constexpr, PINGPONG: gl.constexpr,
-                     k_free=None, RELEASE_K: gl.constexpr = False, q_free=None, last=False):
+                     k_free=None, RELEASE_K: gl.constexpr = False):
     """Key tile t of the overlapped loop (k_tile = K(t), v_prev = V(t-1), p = P(t-1)): issue S(t) and
     P(t-1) V(t-1), wait for S(t) alone, run its softmax while the P V finishes, then wait for the P V
     and rescale. RELEASE_K: arrive at k_free as soon as S(t) is done, so K(t)'s slot refills while the
-    softmax runs; q_free (a persistent kernel's), if `last`, the same way, once the tile's last S is done,
-    so the next tile's Q comes in under this softmax. Returns (P(t), O, m, l)."""
+    softmax runs. Returns (P(t), O, m, l)."""
     p_op = gl.convert_layout(p.to(q_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     _my_turn(turn_bars, rnd, WHICH, PINGPONG)
     s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
@@ -222,8 +214,6 @@ def _overlapped_step(q_tile, k_tile, v_prev, p, acc, m_i, l_i, start_n, first_ro
     s = warpgroup_mma_wait(1, deps=[s_tok])  # S(t) is done; P(t-1) V(t-1) may still run
     if RELEASE_K:
         mbarrier.arrive(k_free, count=1)
-    if q_free is not None:
-        mbarrier.arrive(q_free, count=1, pred=last)
     p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, start_n, first_row, n_k, hi_unmasked, qk_scale,
                                          IS_CAUSAL, ROWS, BLOCK_N, s_layout)
     acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
@@ -543,7 +533,13 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
         _their_turn(turn_bars, WHICH, PINGPONG)
         mbarrier.arrive(_kv_bar(empty_bars, last, True, STAGES, SPLIT_KV), count=1)
 
-        _store_rows(acc, m_i, l_i, O, stride_om, L, first_row, n_q, q_smem.dtype, s_layout, o_layout)
+        out, lse = _finish(acc, m_i, l_i, o_layout)
+        offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
+        gl.store(L + offs_m, lse, mask=offs_m < n_q)
+        offs_om = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
+        gl.store(o_ptrs, out.to(q_smem.dtype), mask=gl.expand_dims(offs_om < n_q, 1))
     else:
         if q_free is not None:
             mbarrier.arrive(q_free, count=1)
@@ -553,22 +549,6 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
         if SPLIT_KV:
             mbarrier.wait(_kv_bar(ready_bars, t % STAGES, True, STAGES, True), (t // STAGES) & 1)
             mbarrier.arrive(_kv_bar(empty_bars, t % STAGES, True, STAGES, True), count=1)
-
-
-@gluon.jit
-def _store_rows(acc, m_i, l_i, O, stride_om, L, first_row, n_q, dtype: gl.constexpr, s_layout: gl.constexpr,
-                o_layout: gl.constexpr):
-    """A consumer's rows [first_row, + its rows) of O (acc / l, in dtype) and L, those before n_q (O, L: this
-    (z, h)'s bases)."""
-    rows: gl.constexpr = acc.type.shape[0]
-    HEAD_DIM: gl.constexpr = acc.type.shape[1]
-    out, lse = _finish(acc, m_i, l_i, o_layout)
-    offs_m = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, s_layout))
-    gl.store(L + offs_m, lse, mask=offs_m < n_q)
-    offs_om = first_row + gl.arange(0, rows, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = O + gl.expand_dims(offs_om.to(gl.int64) * stride_om, 1) + gl.expand_dims(offs_d, 0)
-    gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_om < n_q, 1))
 
 
 @gluon.jit
@@ -713,141 +693,25 @@ def _ws_loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
 def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O, stride_oz,
                             stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, G, qk_scale, IS_CAUSAL: gl.constexpr,
                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                            PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, CHAIN: gl.constexpr, WHICH: gl.constexpr):
-    """Consumer warpgroup WHICH of the persistent kernel, on each of the program's query tiles in the order the
-    producer loads them: _ws_tile a tile (with PINGPONG a tile takes n_iter + 1 rounds of turns, so the j-th
-    tile's first round is base + j), or with CHAIN _ws_tiles_chained."""
+                            PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, WHICH: gl.constexpr):
+    """Consumer warpgroup WHICH of the persistent kernel: _ws_tile on each of the program's query tiles, in
+    the order the producer loads them. With PINGPONG a tile takes n_iter + 1 rounds of turns (_ws_tile), so
+    the j-th tile's first round is base + j."""
     rows: gl.constexpr = q_smem.type.shape[1]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0] * rows
     T = gl.cdiv(n_q, BLOCK_M)
-    tiles, first, end = _scheduled_tiles(SCHEDULE)
-    if not CHAIN:
-        base = 0
-        j = 0
-        for i in range(first, end):
-            pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-            z, h = pid_zh // H, pid_zh % H
-            o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
-            _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, turn_bars, o_base,
-                     stride_om, L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, base + j, qk_scale,
-                     IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, False, WHICH)
-            base += n_iter
-            j += 1
-    else:
-        _ws_tiles_chained(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz, stride_oh,
-                          stride_om, L, H, n_q, n_k, tiles, first, end, G, T, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N,
-                          STAGES, WHICH)
-
-
-@gluon.jit
-def _my_rows(tile, G, T, n_q, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
-             IS_CAUSAL: gl.constexpr, WHICH: gl.constexpr):
-    """(z*h pair, key tiles, first row, key tiles this consumer computes, first masked key) of a scheduled tile
-    for consumer WHICH, as _ws_tile works them out without ping-pong."""
-    pid_zh, start_m, n_iter = _schedule_tile(tile, G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    first_row = start_m + WHICH * ROWS
-    n_mine, hi_unmasked = _key_tiles(first_row, n_k, ROWS, BLOCK_N, IS_CAUSAL)
-    return pid_zh, n_iter, first_row, gl.where(first_row < n_q, n_mine, 0), hi_unmasked
-
-
-@gluon.jit
-def _release_unread(ready_bars, empty_bars, lo, hi, STAGES: gl.constexpr):
-    """Wait for the ring's tiles [lo, hi) and release each unread (key tiles past this consumer's rows)."""
-    for t in range(lo, hi):
-        mbarrier.wait(ready_bars.index(t % STAGES), (t // STAGES) & 1)
-        mbarrier.arrive(empty_bars.index(t % STAGES), count=1)
-
-
-@gluon.jit
-def _ws_tiles_chained(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, O, stride_oz, stride_oh,
-                      stride_om, L, H, n_q, n_k, tiles, first, end, G, T, qk_scale, IS_CAUSAL: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WHICH: gl.constexpr):
-    """_ws_tile's loop on each of a persistent program's tiles, with one tile's end overlapped with the next
-    one's start: the last P V of a tile and the first S of the next are issued together, and the tile's O
-    and L are stored while that S runs. (One tile a program, the last P V has the tensor cores to itself,
-    then the stores, then the next program's first S, waited for at once.) The same products in the same
-    order, so O and L are _ws_tile's bit for bit. `started`: the tile's first S and its softmax are done."""
-    rows: gl.constexpr = q_smem.type.shape[1]
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0] * rows
-    NARROW_P: gl.constexpr = q_smem.type.shape[0] > 2  # (as in _ws_tile)
-    dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
-    o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_tile = q_smem.index(WHICH)
-    p = gl.zeros([rows, BLOCK_N], dtype if NARROW_P else gl.float32, s_layout)
-    m_i = gl.zeros([rows], gl.float32, row_layout)
-    l_i = gl.zeros([rows], gl.float32, row_layout)
-    started = False
     base = 0
+    j = 0
+    tiles, first, end = _scheduled_tiles(SCHEDULE)
     for i in range(first, end):
-        j = i - first
-        pid_zh, n_iter, first_row, n_mine, hi_unmasked = _my_rows(gl.load(tiles + i), G, T, n_q, n_k, BLOCK_M,
-                                                                  BLOCK_N, rows, IS_CAUSAL, WHICH)
-        if not started:
-            mbarrier.wait(q_bar, j & 1)
-            if n_mine > 0:
-                mbarrier.wait(ready_bars.index(base % STAGES), (base // STAGES) & 1)
-                s = warpgroup_mma(q_tile, k_smem.index(base % STAGES).permute((1, 0)),
-                                  gl.zeros([rows, BLOCK_N], gl.float32, s_layout), use_acc=False)
-                p1, m_i, l_i = _first_softmax(s, first_row, n_k, hi_unmasked, qk_scale, IS_CAUSAL, rows, BLOCK_N,
-                                              s_layout)
-                p = p1.to(p.dtype)
-            mbarrier.arrive(q_free, count=1, pred=n_mine <= 1)  # (else at the last step's S, below)
-        started = False
-        if n_mine > 0:
-            acc = gl.zeros([rows, HEAD_DIM], gl.float32, o_layout)
-            for t in range(1, n_mine):
-                r = base + t
-                prev = (r - 1) % STAGES
-                mbarrier.wait(ready_bars.index(r % STAGES), (r // STAGES) & 1)
-                p1, acc, m_i, l_i = _overlapped_step(q_tile, k_smem.index(r % STAGES), v_smem.index(prev), p, acc,
-                                                     m_i, l_i, t * BLOCK_N, first_row, n_k, hi_unmasked, qk_scale,
-                                                     None, 0, IS_CAUSAL, rows, BLOCK_N, s_layout, o_layout, WHICH,
-                                                     False, None, False, q_free, t == n_mine - 1)
-                p = p1.to(p.dtype)
-                mbarrier.arrive(empty_bars.index(prev), count=1)
-            last = (base + n_mine - 1) % STAGES
-            skipped = base + n_mine  # the ring's tiles [skipped, base + n_iter) lie past this consumer's rows
-            base += n_iter
-            # the next tile, if this consumer has rows in it: its Q, its first K, its first S beside this last P V.
-            # Its K comes once every consumer has released the ring's tile base - STAGES; this one still holds
-            # tile skipped - 1 (`last`), so it chains only where that lies after it: base - skipped < STAGES - 1
-            # (the shipped configs skip at most one tile; otherwise the stores come first, as in _ws_tile)
-            n_next = 0
-            next_row = 0
-            next_unmasked = 0
-            if i + 1 < end:
-                _, _, next_row, n_next, next_unmasked = _my_rows(gl.load(tiles + i + 1), G, T, n_q, n_k, BLOCK_M,
-                                                                 BLOCK_N, rows, IS_CAUSAL, WHICH)
-            z, h = pid_zh // H, pid_zh % H
-            o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
-            l_base = L + pid_zh.to(gl.int64) * n_q
-            p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            if n_next > 0 and base - skipped < STAGES - 1:
-                _release_unread(ready_bars, empty_bars, skipped, base, STAGES)
-                mbarrier.wait(q_bar, (j + 1) & 1)
-                mbarrier.wait(ready_bars.index(base % STAGES), (base // STAGES) & 1)
-                o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-                s_tok = warpgroup_mma(q_tile, k_smem.index(base % STAGES).permute((1, 0)),
-                                      gl.zeros([rows, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-                acc, p_op = warpgroup_mma_wait(1, deps=[o_tok, p_op])  # the P V is done; the S may still run
-                mbarrier.arrive(empty_bars.index(last), count=1)
-                _store_rows(acc, m_i, l_i, o_base, stride_om, l_base, first_row, n_q, dtype, s_layout, o_layout)
-                s = warpgroup_mma_wait(0, deps=[s_tok])
-                mbarrier.arrive(q_free, count=1, pred=n_next == 1)
-                p1, m_i, l_i = _first_softmax(s, next_row, n_k, next_unmasked, qk_scale, IS_CAUSAL, rows, BLOCK_N,
-                                              s_layout)
-                p = p1.to(p.dtype)
-                started = True
-            else:
-                acc = warpgroup_mma(p_op, v_smem.index(last), acc)
-                mbarrier.arrive(empty_bars.index(last), count=1)
-                _store_rows(acc, m_i, l_i, o_base, stride_om, l_base, first_row, n_q, dtype, s_layout, o_layout)
-                _release_unread(ready_bars, empty_bars, skipped, base, STAGES)
-        else:
-            _release_unread(ready_bars, empty_bars, base, base + n_iter, STAGES)
-            base += n_iter
+        pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        z, h = pid_zh // H, pid_zh % H
+        o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
+        _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                 L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, base + j, qk_scale, IS_CAUSAL,
+                 HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, False, WHICH)
+        base += n_iter
+        j += 1
 
 
 @gluon.jit
@@ -859,7 +723,7 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
                            H, n_q, n_k, qk_scale, n_zh, group, SCHEDULE,
                            IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                           PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, CHAIN: gl.constexpr):
+                           PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
     # _fwd_ws_kernel's arguments, then the (z, h) pairs, the grid order's group and the int32 tile schedule
     # (tile_schedule: where each program's tiles start in it, then the tiles); a grid of at most one program an
     # SM. Q, K and V rows are read as one (n_zh * n, HEAD_DIM) matrix each (persistent_error: their (z, h) pairs
@@ -893,13 +757,13 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
         gl.warp_specialize([
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 0)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 0)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 1)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 1)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 2)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 2)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
                                      empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -907,10 +771,10 @@ def _fwd_persistent_kernel(Q, K, V, O, L,
         gl.warp_specialize([
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 0)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 0)),
             (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, empty_bars, turn_bars, O,
                                        stride_oz, stride_oh, stride_om, L, H, n_q, n_k, SCHEDULE, group, qk_scale,
-                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, CHAIN, 1)),
+                                       IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, 1)),
             (_ws_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_free, ready_bars,
                                      empty_bars, n_q, n_k, SCHEDULE, group, IS_CAUSAL, BLOCK_N, STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, 24])
@@ -974,11 +838,6 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode {mode!r}: one of {', '.join(GLUON_MODES)}")
 
 
-def one_tile_mode(mode: str) -> str:
-    """A persistent mode's one-tile-a-program form ("ws-p", "ws-pc" -> "ws"); any other mode itself."""
-    return mode.removesuffix(GLUON_CHAINED_SUFFIX).removesuffix(GLUON_PERSISTENT_SUFFIX)
-
-
 def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int, mode: str):
     """(kernel, its config's constexprs, launch options) for a config and mode (GLUON_MODES), or
     ValueError naming what is wrong with them. The launcher and benchmarks/flash_sass.py both use it.
@@ -988,13 +847,11 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
     warpgroups), "pingpong" that with two consumers taking turns to issue their matmuls. Each with the
     "-rs" suffix holds Q in registers as the A operand of S = Q K^T (_q_operand); "ws-kv" and
     "pingpong-kv" give K and V tiles barriers of their own (SPLIT_KV, _ws_stream_kv); "ws-p" and "pingpong-p"
-    are "ws" and "pingpong" persistent (_fwd_persistent_kernel), "ws-pc" that with each consumer's tiles chained
-    (_ws_tiles_chained); launch runs them where persistent_error allows and otherwise the mode's one-tile kernel
-    (one_tile_mode)."""
+    are "ws" and "pingpong" persistent (_fwd_persistent_kernel), which launch runs where persistent_error allows
+    and otherwise runs the mode without "-p"."""
     _check_mode(mode)
-    chain = mode.endswith(GLUON_CHAINED_SUFFIX)
-    persistent = chain or mode.endswith(GLUON_PERSISTENT_SUFFIX)
-    mode = one_tile_mode(mode)
+    persistent = mode.endswith(GLUON_PERSISTENT_SUFFIX)
+    mode = mode.removesuffix(GLUON_PERSISTENT_SUFFIX)
     q_regs = mode.endswith(GLUON_RS_SUFFIX)
     mode = mode.removesuffix(GLUON_RS_SUFFIX)
     split_kv = mode.endswith(GLUON_KV_SUFFIX)
@@ -1012,7 +869,7 @@ def launch_spec(head_dim: int, block_m: int, block_n: int, stages: int, num_warp
         consumers = block_m // WG_ROWS
         return (_fwd_persistent_kernel,
                 dict(BLOCK_N=block_n, STAGES=stages, CONSUMERS=consumers, CONSUMER_REGS=WS_CONSUMER_REGS[consumers],
-                     PINGPONG=mode == "pingpong", Q_REGS=q_regs, CHAIN=chain),
+                     PINGPONG=mode == "pingpong", Q_REGS=q_regs),
                 {"num_warps": 4, "maxnreg": WS_MAXNREG[consumers]})
     if warp_specialized:
         consumers = block_m // WG_ROWS
@@ -1169,14 +1026,15 @@ def sm_count(device: int) -> int:
 
 def launch(tensors: tuple, is_causal: bool, cfg: Config, group: int):
     """Launch the forward on (q4, k4, v4, o4, lse) ((Z, H, n, d) views and the fp32 (Z, H, n_q) L) at `cfg`,
-    in grid order `group` (flash_triton._head_group); a persistent mode ("-p", "-pc") where persistent_error allows,
-    its one-tile mode otherwise.
+    in grid order `group` (flash_triton._head_group); a persistent mode ("-p") where persistent_error allows, the
+    mode without "-p" otherwise.
     Returns (jit function, compiled kernel, runtime args, constexprs, grid): what flash_triton's launch plans
     are made from."""
     q4, k4, v4, o4, _ = tensors
     kernel, config, options = launch_spec(q4.shape[-1], *cfg)
     if kernel is _fwd_persistent_kernel and persistent_error(q4, k4, v4, cfg.block_n) is not None:
-        kernel, config, options = launch_spec(q4.shape[-1], *cfg._replace(mode=one_tile_mode(cfg.mode)))
+        kernel, config, options = launch_spec(q4.shape[-1],
+                                              *cfg._replace(mode=cfg.mode.removesuffix(GLUON_PERSISTENT_SUFFIX)))
     Z, H, n_q, d = q4.shape
     args = (*tensors, *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3], H, n_q, k4.shape[-2],
             qk_scale(d))

@@ -22,9 +22,6 @@ GLUON_KV_SUFFIX = "-kv"
 # the warp-specialised forward's suffix for "persistent: one program an SM taking query tile after query
 # tile" ("ws-p", "pingpong-p"; kernels.flash_gluon._fwd_persistent_kernel)
 GLUON_PERSISTENT_SUFFIX = "-p"
-# ... and for "persistent, each consumer's tiles chained: the next tile's first score matmul issued beside this
-# tile's last P V, its O stored while that runs" ("ws-pc"; kernels.flash_gluon._ws_tiles_chained)
-GLUON_CHAINED_SUFFIX = "-pc"
 # the Gluon forward's modes (kernels.flash_gluon), the default first, then those with Q in registers,
 # then the warp-specialised ones with K/V barriers of their own, then the persistent ones.
 # "plain-rs" is left out: compiled (Triton 3.6 and 3.7.1, sm_90), its P V matmul at d=64 took P in the
@@ -33,7 +30,7 @@ GLUON_CHAINED_SUFFIX = "-pc"
 GLUON_MODES = ("overlap", "plain", "ws", "pingpong",
                *(m + GLUON_RS_SUFFIX for m in ("overlap", "ws", "pingpong")),
                *(m + GLUON_KV_SUFFIX + s for m in ("ws", "pingpong") for s in ("", GLUON_RS_SUFFIX)),
-               *(m + GLUON_PERSISTENT_SUFFIX for m in ("ws", "pingpong")), "ws" + GLUON_CHAINED_SUFFIX)
+               *(m + GLUON_PERSISTENT_SUFFIX for m in ("ws", "pingpong")))
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # our name -> torch's
 

@@ -111,27 +111,16 @@ def test_the_persistent_modes_are_their_own_kernel_with_the_warp_specialised_one
     assert kernel is flash_gluon._fwd_persistent_kernel and ws_kernel is flash_gluon._fwd_ws_kernel
     assert options == ws_options  # the same warps and registers a block
     assert ws_config.pop("SPLIT_KV") is False
-    assert config.pop("CHAIN") is False
     assert config == ws_config and config["PINGPONG"] is False
     assert flash_gluon.launch_spec(64, 192, 128, 4, 4, "ws-p")[1]["CONSUMERS"] == 3
     with pytest.raises(ValueError, match="two or three consumer warpgroups"):  # one program of 64 rows
         flash_gluon.launch_spec(128, 64, 128, 3, 4, "ws-p")
     # "pingpong-p": the same kernel, its two consumers taking turns to issue their matmuls
     pp_kernel, pp_config, pp_options = flash_gluon.launch_spec(128, 128, 128, 3, 4, "pingpong-p")
-    assert pp_kernel is kernel and pp_options == options and pp_config == {**config, "PINGPONG": True, "CHAIN": False}
+    assert pp_kernel is kernel and pp_options == options and pp_config == {**config, "PINGPONG": True}
     with pytest.raises(ValueError, match="pingpong takes two consumer warpgroups"):
         flash_gluon.launch_spec(64, 192, 128, 4, 4, "pingpong-p")
-    # "ws-pc": the same kernel, each consumer's tiles chained (_ws_tiles_chained), at two or three consumers
-    for rows, d in ((128, 128), (192, 64)):
-        pc_kernel, pc_config, _ = flash_gluon.launch_spec(d, rows, 128, 3, 4, "ws-pc")
-        p_config = flash_gluon.launch_spec(d, rows, 128, 3, 4, "ws-p")[1]
-        assert pc_kernel is kernel and pc_config == {**p_config, "CHAIN": True}
-    with pytest.raises(ValueError, match="two or three consumer warpgroups"):
-        flash_gluon.launch_spec(128, 64, 128, 3, 4, "ws-pc")
-    # where the persistent kernel cannot run, launch takes the mode's one-tile form
-    assert [flash_gluon.one_tile_mode(m) for m in ("ws-p", "ws-pc", "pingpong-p", "ws", "overlap-rs")] == [
-        "ws", "ws", "pingpong", "ws", "overlap-rs"]
-    for other in ("ws-kv-p", "ws-rs-p", "overlap-p", "pingpong-kv-p", "pingpong-pc", "ws-rs-pc"):
+    for other in ("ws-kv-p", "ws-rs-p", "overlap-p", "pingpong-kv-p"):
         with pytest.raises(ValueError, match=f"mode '{other}'"):
             flash_gluon.launch_spec(128, 128, 128, 3, 4, other)
 
