@@ -8,7 +8,8 @@
 #   bwd_p     the fused backward, order ws against ws-p (persistent), each alone 300 ms a round, with cuDNN
 #   bwd_p_ab  flash_triton's backward with LaunchOptions(fused_persistent=True) against the default, each
 #             alone a second a round (flash_ab), on the d=128 shapes of seq 4096 and 8192
-#   fwd64     the causal d=64 forward, ws against ws-p (persistent, tiles from the schedule), the same way
+#   fwd64     the causal d=64 forward, ws against ws-p (persistent, tiles from the schedule), the same way, at 32
+#             heads and seq 4096-16384 and on the leaderboard's (16, 1, 16384, 64)
 #   grid      forward+backward against SDPA's flash and cuDNN under do_bench (seq >= 4096), d=128 then d=64
 # PY names the Python (default python3); COMMIT the commit recorded in the JSON (default: git's HEAD).
 set -u
@@ -37,7 +38,8 @@ bwd_p_ab) run bwd_persistent_ab 150 "$py" -m benchmarks.flash_ab --pass bwd --op
     --shape 4,16,4096,128 --shape 4,16,4096,128,causal --shape 2,16,8192,128 --sdpa cudnn --sustain-ms 1000 \
     --rounds 3 --out "$out/bwd_persistent_ab_$commit.json" --commit "$commit" ;;
 fwd64) run fwd64_causal 120 "$py" -m benchmarks.flash_gluon_ab --config 192,128,4,4,ws --config 192,128,4,4,ws-p \
-    --shape 4,32,4096,64,causal --shape 2,32,8192,64,causal --shape 16,1,16384,64,causal --sdpa cudnn \
+    --shape 4,32,4096,64,causal --shape 2,32,8192,64,causal --shape 1,32,16384,64,causal \
+    --shape 16,1,16384,64,causal --sdpa cudnn \
     --sustain-ms 300 --rounds 3 --out "$out/fwd64_causal_$commit.json" --commit "$commit" ;;
 grid) for d in 128 64; do run "grid_d$d" 600 "$py" -m benchmarks.flash_sustained --rep-ms 1000 --rounds 3 \
     --min-seq 4096 --head-dim "$d" --out "$out/grid_d${d}_$commit.json" --summary "$out/grid_d${d}_$commit.md" \

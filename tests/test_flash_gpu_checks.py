@@ -35,6 +35,9 @@ def test_each_section_runs_its_command_and_logs_it(tmp_path):
     assert d128.count("--fused-config") == 2 and "64,128,3,4,ws-p" in d128 and "halves" in d128
     assert d128.count("--shape") == 3 and str(out / "bwd_persistent_d128_abc1234.json") in d128
     assert "turns" in (out / "bwd_persistent_d64.log").read_text().split()
+    fwd64 = (out / "fwd64_causal.log").read_text().split()  # length against head count: 32 heads at 16384 too
+    shapes = [fwd64[i + 1] for i, a in enumerate(fwd64) if a == "--shape"]
+    assert "1,32,16384,64,causal" in shapes and "16,1,16384,64,causal" in shapes and len(shapes) == 4
     grid = (out / "grid_d64.log").read_text().split()
     assert grid[grid.index("--head-dim") + 1] == "64" and grid[grid.index("--commit") + 1] == "abc1234"
 
