@@ -461,24 +461,23 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bar, ready_bars, empty_bars, turn_bar
     """Consumer warpgroup WHICH of a program that takes one query tile (_ws_tile: its first Q, its first
     n_iter ring slots)."""
     _ws_tile(q_smem, k_smem, v_smem, q_bar, 0, None, ready_bars, empty_bars, turn_bars, O, stride_om, L, start_m,
-             n_q, n_k, n_iter, 0, 0, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, SPLIT_KV,
-             WHICH)
+             n_q, n_k, n_iter, 0, qk_scale, IS_CAUSAL, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, SPLIT_KV, WHICH)
 
 
 @gluon.jit
-def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_bars, turn_bars, O, stride_om, L,
-             start_m, n_q, n_k, n_iter, base, rnd0, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _ws_tile(q_smem, k_smem, v_smem, q_bar, j, q_free, ready_bars, empty_bars, turn_bars, O, stride_om, L,
+             start_m, n_q, n_k, n_iter, base, qk_scale, IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, Q_REGS: gl.constexpr,
              SPLIT_KV: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH on one query tile: rows [start_m + WHICH * WG_ROWS, + WG_ROWS) through the key
     tiles they see (n_mine below), in the overlapped order; O and L to global memory (O, L: this (z, h)'s
-    bases). The tile's Q is q_bar's phase q_phase, and its key tiles the ring's tiles base, base + 1, ... (slot
-    (base + t) % STAGES); q_free (the persistent kernel's; None otherwise) is arrived at once its Q is read
-    for the last time. PINGPONG: the two consumers take turns to issue their matmuls (_my_turn), so one's
-    softmax runs under the other's; their rounds are rnd0 + t for key tile t, and rnd0 + n_iter for the last
-    P V (a persistent program counts them on from tile to tile). SPLIT_KV: K and V tiles have barriers of
-    their own (_kv_bar), and K(t)'s slot is released as soon as S(t) is done, V(t-1)'s once P(t-1) V(t-1)
-    is; otherwise one barrier a slot, released after the P V."""
+    bases). It is the program's tile j (from 0): its Q is q_bar's phase j & 1, and its key tiles the ring's
+    tiles base, base + 1, ... (slot (base + t) % STAGES); q_free (the persistent kernel's; None otherwise) is
+    arrived at once its Q is read for the last time. PINGPONG: the two consumers take turns to issue their
+    matmuls (_my_turn), so one's softmax runs under the other's. A tile takes n_iter + 1 rounds of turns (key
+    tile t's matmuls, then the last P V), so the rounds count on from tile to tile: rnd0 + t, rnd0 = base + j.
+    SPLIT_KV: K and V tiles have barriers of their own (_kv_bar), and K(t)'s slot is released as soon as S(t)
+    is done, V(t-1)'s once P(t-1) V(t-1) is; otherwise one barrier a slot, released after the P V."""
     rows: gl.constexpr = q_smem.type.shape[1]
     # three consumers have 160 registers each (WS_CONSUMER_REGS): P is carried to the next step's P V in
     # 16 bits (64 x 128 scores: 32 registers a thread, not 64), beside S (64) and O (32 at d=64)
@@ -498,7 +497,8 @@ def _ws_tile(q_smem, k_smem, v_smem, q_bar, q_phase, q_free, ready_bars, empty_b
     else:
         n_mine = gl.where(first_row < n_q, n_mine, 0)
 
-    mbarrier.wait(q_bar, q_phase)
+    rnd0 = base + j
+    mbarrier.wait(q_bar, j & 1)
     if n_mine > 0:
         q_mine = _q_operand(q_smem.index(WHICH), Q_REGS, s_layout)
         mbarrier.wait(ready_bars.index(base % STAGES), (base // STAGES) & 1)  # (K's barrier either way)
@@ -695,8 +695,7 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, e
                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                             PINGPONG: gl.constexpr, Q_REGS: gl.constexpr, WHICH: gl.constexpr):
     """Consumer warpgroup WHICH of the persistent kernel: _ws_tile on each of the program's query tiles, in
-    the order the producer loads them. With PINGPONG a tile takes n_iter + 1 rounds of turns (_ws_tile), so
-    the j-th tile's first round is base + j."""
+    the order the producer loads them (with PINGPONG, their turns counted on from tile to tile: _ws_tile)."""
     rows: gl.constexpr = q_smem.type.shape[1]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0] * rows
     T = gl.cdiv(n_q, BLOCK_M)
@@ -707,9 +706,9 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bar, q_free, ready_bars, e
         pid_zh, start_m, n_iter = _schedule_tile(gl.load(tiles + i), G, T, n_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         z, h = pid_zh // H, pid_zh % H
         o_base = O + z.to(gl.int64) * stride_oz + h.to(gl.int64) * stride_oh
-        _ws_tile(q_smem, k_smem, v_smem, q_bar, j & 1, q_free, ready_bars, empty_bars, turn_bars, o_base, stride_om,
-                 L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, base + j, qk_scale, IS_CAUSAL,
-                 HEAD_DIM, BLOCK_N, STAGES, PINGPONG, Q_REGS, False, WHICH)
+        _ws_tile(q_smem, k_smem, v_smem, q_bar, j, q_free, ready_bars, empty_bars, turn_bars, o_base, stride_om,
+                 L + pid_zh.to(gl.int64) * n_q, start_m, n_q, n_k, n_iter, base, qk_scale, IS_CAUSAL, HEAD_DIM,
+                 BLOCK_N, STAGES, PINGPONG, Q_REGS, False, WHICH)
         base += n_iter
         j += 1
 
